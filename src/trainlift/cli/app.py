@@ -1,0 +1,51 @@
+"""The Typer app, output helpers and the error boundary every command shares."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from trainlift.errors import TrainliftError
+
+app = typer.Typer(
+    name="trainlift",
+    help="Fine-tune a Hugging Face causal LM with FSDP on Ray: locally first, then on EKS.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+
+@app.callback()
+def _global_options(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    _state["debug"] = debug
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output: plain JSON on stdout, nothing else."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line and an exit code."""
+    try:
+        app()
+    except TrainliftError as exc:
+        if _state["debug"]:
+            traceback.print_exc()
+        err_console.print(f"[bold red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""Typed specs (pydantic v2) for jobs and clusters, loaded from YAML."""
