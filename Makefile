@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/make_tiny_assets.py --check
-	$(BIN)/trainlift train examples/tiny-local.yaml --demo
+	rm -rf runs/tiny-demo
+	$(BIN)/trainlift train examples/tiny-local.yaml
+	$(BIN)/trainlift eval runs/tiny-demo/final --data examples/data/tasks-eval.jsonl --show 8
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -19,3 +19,44 @@ def ray_local():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = {
+    "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """A small slice of the demo data and a tiny Qwen2 model saved with save_pretrained."""
+    from trainlift.train.model import materialize
+
+    root = tmp_path_factory.mktemp("tiny")
+    for split, n in (("train", 240), ("eval", 40)):
+        with open(os.path.join(REPO, "examples", "data", f"tasks-{split}.jsonl")) as src:
+            lines = src.readlines()[:n]
+        (root / f"{split}.jsonl").write_text("".join(lines))
+    tokenizer = os.path.join(REPO, "examples", "tiny", "tokenizer")
+    materialize(str(root / "model"), TINY_CONFIG, tokenizer, seed=0)
+    return root
+
+
+@pytest.fixture
+def tiny_spec(tiny_assets, tmp_path):
+    """A job spec for the tiny model: returns a function taking dotted overrides."""
+    from trainlift.config.job import apply_overrides, validate_job_spec
+
+    def make(*overrides: str):
+        raw = {
+            "model": {"path": str(tiny_assets / "model")},
+            "data": {"train": str(tiny_assets / "train.jsonl"), "eval": str(tiny_assets / "eval.jsonl"), "seq_len": 64},
+            "train": {"steps": 6, "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "seed": 0},
+            "scaling": {"workers": 2},
+            "checkpoint": {"every_steps": 3, "keep": 2},
+            "run": {"name": "run", "storage": str(tmp_path / "runs"), "max_failures": 0},
+        }
+        return validate_job_spec(apply_overrides(raw, overrides))
+
+    return make

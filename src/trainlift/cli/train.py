@@ -1,5 +1,98 @@
-"""`trainlift train` and `trainlift eval`."""
+"""`trainlift train` (fine-tune a job spec on Ray) and `trainlift eval` (score a model on a data split)."""
 
 from __future__ import annotations
 
-from trainlift.cli.app import app  # noqa: F401
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from trainlift.cli.app import app, console, print_json
+from trainlift.config.job import load_job_spec
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+@app.command()
+def train(
+    spec_file: Path = typer.Argument(..., help="Job spec (YAML), e.g. examples/tiny-local.yaml."),
+    set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set train.steps=20 (repeatable)."),
+    steps: Optional[int] = typer.Option(None, help="Shortcut for --set train.steps=N."),
+    workers: Optional[int] = typer.Option(None, help="Ray Train workers (default: scaling.workers, 2)."),
+    run_dir: Optional[str] = typer.Option(None, help="Shortcut for --set run.storage=DIR (local path or s3://)."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to attach to (default: RAY_ADDRESS, else an embedded local Ray)."),
+    stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step; rerun to resume."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+) -> None:
+    """Fine-tune a causal LM with FSDP2 on Ray Train.
+
+    With no address, starts an embedded local Ray (CPU, gloo) and stops it at
+    the end. Re-running the same run.name resumes from its latest complete
+    checkpoint. Writes <run.storage>/<run.name>/{metrics.jsonl,summary.json,final/}.
+    """
+    from trainlift.train.launch import EXIT_STOPPED, run_training
+
+    overrides = list(set_)
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    if run_dir is not None:
+        overrides.append(f"run.storage={run_dir}")
+    spec = load_job_spec(spec_file, overrides)
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, transient=json_out, disable=json_out,
+    ) as progress:
+        task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…")
+
+        def on_update(row: dict) -> None:
+            if row.get("event") == "step":
+                info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
+                progress.update(task, completed=row["step"], info=info)
+            elif row.get("event") == "start":
+                note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
+                progress.update(task, completed=row["step"], info=note)
+
+        summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step, on_update=on_update)
+
+    if json_out:
+        print_json(summary)
+    else:
+        table = Table(title=f"run {summary['name']}", show_header=False)
+        for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
+                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f")):
+            table.add_row(key, _fmt(summary.get(key), fmt))
+        table.add_row("run", summary["run"])
+        console.print(table)
+    if not summary.get("finished"):
+        console.print(f"stopped at step {summary['steps']}; rerun the same command to resume")
+        raise typer.Exit(EXIT_STOPPED)
+
+
+@app.command("eval")
+def eval_(
+    model_dir: Path = typer.Argument(..., help="An HF model directory, e.g. runs/tiny-demo/final."),
+    data_file: Path = typer.Option(..., "--data", help="JSONL in the messages or prompt_completion format."),
+    limit: int = typer.Option(200, help="Score at most this many examples."),
+    show: int = typer.Option(6, help="Print this many prompts with the model's answers."),
+    max_new_tokens: int = typer.Option(16, help="Greedy decoding length."),
+    json_out: bool = typer.Option(False, "--json", help="Print accuracy and samples as JSON."),
+) -> None:
+    """Greedy-decode answers and report exact-match accuracy against the reference answers."""
+    from trainlift.evaluate import exact_match
+
+    report = exact_match(str(model_dir), str(data_file), limit=limit, max_new_tokens=max_new_tokens)
+    if json_out:
+        print_json(report)
+        return
+    table = Table(title=f"{report['model']}: {report['correct']}/{report['total']} exact match ({report['accuracy']:.1%})")
+    for col in ("prompt", "expected", "answer", ""):
+        table.add_column(col)
+    for s in report["samples"][:show]:
+        table.add_row(s["prompt"], s["expected"], s["answer"], "✓" if s["correct"] else "✗")
+    console.print(table)

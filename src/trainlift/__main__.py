@@ -1,0 +1,3 @@
+from trainlift.cli import main
+
+main()

@@ -1,0 +1,131 @@
+"""`trainlift profiles` and `trainlift render`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from trainlift import catalog
+from trainlift.cli.app import app, console, print_json
+from trainlift.config.cluster import ClusterSpec, cluster_spec_from_yaml
+from trainlift.errors import SpecError, UsageError
+
+
+@app.command("profiles")
+def profiles(json_out: bool = typer.Option(False, "--json", help="Print JSON (every field and its source).")) -> None:
+    """The hardware catalog: GPU worker types and CPU types for the system group."""
+    rows = [catalog.lookup(name) for name in catalog.instance_types()]
+    if json_out:
+        print_json([{**p.model_dump(), "efa_supported": p.efa_supported} for p in rows])
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="net: Gb/s; bf16: dense TFLOP/s per GPU; "
+                  "busbw: fabric check floor, GB/s; trainlift profiles --json names each figure's source")
+    for column in ("type", "GPU", "GPUs", "GPU GiB", "vCPU", "GiB", "net", "EFA", "GDR", "bf16", "busbw"):
+        left = column in ("type", "GPU")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    for p in sorted(rows, key=lambda p: (p.gpus == 0, p.instance_type)):
+        table.add_row(
+            p.instance_type, p.gpu_model or "-", str(p.gpus),
+            f"{p.gpu_memory_mib / 1024:.0f}" if p.gpus else "-", str(p.vcpus), f"{p.memory_gib:.0f}",
+            ("≤" if p.network_burst else "") + f"{p.network_gbps:g}",
+            str(p.efa_interfaces) if p.efa_supported else "no", "yes" if p.gpudirect_rdma else "no",
+            f"{p.peak_bf16_flops_per_gpu / 1e12:.0f}" if p.gpus else "-",
+            f"{p.busbw_floor_gbps:g}" if p.busbw_floor_gbps is not None else "-",
+        )
+    console.print(table)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_dir: str | None):
+    from trainlift.config.job import load_job_spec
+    from trainlift.render import JobInputs
+
+    job = load_job_spec(job_path)
+    overrides: tuple[str, ...] = ()
+    if "://" not in job.run.storage:
+        if cluster.storage is None:
+            raise SpecError(
+                f"{job_path}: run.storage: {job.run.storage!r} is a local directory; checkpoints of a "
+                "multi-node job need storage every node shares",
+                hint="set storage in the cluster spec, or an s3:// run.storage in the job spec",
+            )
+        overrides = (f"run.storage={cluster.storage.path}",)
+    try:
+        spec_path = job_path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        spec_path = job_path.name
+    workers = job.scaling.workers if isinstance(job.scaling.workers, int) else None
+    return JobInputs(
+        name=job.run.name,
+        spec_path=spec_path,
+        workers=workers,
+        runtime_env={"working_dir": working_dir} if working_dir else {},
+        shutdown_after_finish=shutdown,
+        overrides=overrides,
+    )
+
+
+@app.command("render")
+def render(
+    spec_path: Path = typer.Argument(..., metavar="CLUSTER_SPEC", help="Cluster spec (YAML)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write the manifests to."),
+    check: bool = typer.Option(False, "--check", help="Validate only; write nothing."),
+    job: Optional[Path] = typer.Option(None, "--job", help="Also render a RayJob for this job spec."),
+    job_shutdown: bool = typer.Option(
+        False, "--job-shutdown",
+        help="The RayJob brings its own RayCluster and deletes it when the job ends "
+        "(default: run on the rendered RayCluster).",
+    ),
+    working_dir: Optional[str] = typer.Option(
+        None, "--working-dir", help="Remote URI (s3://.../code.zip) of the job's working dir for the RayJob."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
+    from trainlift.render import render_cluster
+
+    if out is None and not check:
+        raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")
+    if out is not None and check:
+        raise UsageError("render: --check writes nothing; drop -o or --check")
+    cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
+    inputs = _job_inputs(job, cluster, job_shutdown, working_dir) if job is not None else None
+    manifests = render_cluster(cluster, inputs)
+    summary: dict[str, Any] = {
+        "spec": str(spec_path),
+        "valid": True,
+        "fabric": cluster.fabric,
+        "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
+    }
+    if out is not None:
+        for m in manifests:
+            target = out / m.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(m.text())
+        summary["out"] = str(out)
+        summary["written"] = [str(out / m.path) for m in manifests]
+    if json_out:
+        print_json(summary)
+        return
+    verb = "wrote" if out is not None else "valid"
+    for m in manifests:
+        where = out / m.path if out is not None else m.path
+        console.print(f"{verb}  {where}  [dim]{m.kind}[/]", highlight=False)
+    console.print(
+        f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, "
+        "checked against eksctl v0.230.0, KubeRay v1.7.0 CRDs and Kubernetes "
+        f"{cluster.kubernetes_version} schemas",
+        highlight=False,
+    )

@@ -1,0 +1,246 @@
+"""The cluster spec: one typed description of the EKS cluster, its node groups and the Ray cluster on it.
+
+Defaults are the reference deployment's pins (catalog/platform.yaml). Unknown keys
+are errors; errors name the field path, e.g. `workers[0].instance_type: ...`.
+Cross-field rules (EFA and AZs, GPU counts, Ray versions, inline secrets) live in
+`trainlift.render.rules` and run before anything is rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainlift import catalog
+from trainlift.errors import SpecError
+
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+_defaults = catalog.platform()["defaults"]
+
+
+def _chart_version(name: str) -> str:
+    return catalog.chart(name).version
+
+
+def _known_type(value: str, *, gpu: bool | None = None) -> str:
+    known = catalog.instance_types(gpu=gpu)
+    if value not in known:
+        kind = {True: "GPU ", False: "CPU "}.get(gpu, "")
+        if value in catalog.instance_types():
+            raise ValueError(f"{value} is not a {kind}instance type; {kind}types: {', '.join(known)}")
+        raise ValueError(f"{value!r} is not in the hardware catalog; known {kind}types: {', '.join(known)}")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Taint(_Section):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class SystemGroup(_Section):
+    """CPU nodes for the KubeRay operator and the Ray head."""
+
+    instance_type: str = _defaults["system_instance_type"]
+    count: int = Field(1, ge=1)
+    volume_size_gb: int = Field(80, ge=20)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _known_type(value)
+
+
+class WorkerGroup(_Section):
+    """GPU nodes; one Ray worker pod per node."""
+
+    name: str = Field("gpu-workers", pattern=DNS_LABEL, max_length=40)
+    instance_type: str
+    count: int = Field(1, ge=1)
+    availability_zones: list[str] = Field(default_factory=list, description="EFA groups need exactly one.")
+    gpus: int | None = Field(None, ge=1, description="GPUs per Ray worker; default: all of the instance's.")
+    capacity_reservation_id: str | None = Field(None, pattern=r"^cr-[0-9a-f]+$")
+    placement_group: str | None = None
+    taints: list[Taint] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    volume_size_gb: int = Field(200, ge=20)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        return _known_type(value, gpu=True)
+
+    @property
+    def profile(self) -> catalog.InstanceProfile:
+        return catalog.lookup(self.instance_type)
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return self.gpus if self.gpus is not None else self.profile.gpus
+
+
+class ImageSpec(_Section):
+    uri: str = _defaults["image"]
+    ray_version: str | None = Field(None, description="Ray inside the image; known DLC tags fill it in.")
+    pull_policy: Literal["IfNotPresent", "Always"] = "IfNotPresent"
+
+
+class S3Storage(_Section):
+    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+    service_account: str = Field("ray-train", pattern=DNS_LABEL)
+    role_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z\-]*:iam::\d{12}:role/.+$",
+        description="An existing IRSA role; without it eksctl creates one limited to `uri`.",
+    )
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://"):].split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        rest = self.uri[len("s3://"):].split("/", 1)
+        return rest[1].strip("/") if len(rest) > 1 else ""
+
+
+class FsxStorage(_Section):
+    claim: str = Field(pattern=DNS_LABEL, description="An existing PersistentVolumeClaim bound to FSx for Lustre.")
+    mount_path: str = Field("/fsx", pattern=r"^/[^\s]*$")
+
+
+class Storage(_Section):
+    """Where checkpoints go: shared by every node."""
+
+    s3: S3Storage | None = None
+    fsx: FsxStorage | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Storage":
+        if (self.s3 is None) == (self.fsx is None):
+            raise ValueError("set exactly one of storage.s3 or storage.fsx")
+        return self
+
+    @property
+    def path(self) -> str:
+        return self.s3.uri if self.s3 else self.fsx.mount_path  # type: ignore[union-attr]
+
+
+class SecretRef(_Section):
+    """An environment variable filled from a Kubernetes Secret the user created."""
+
+    env: str = Field(pattern=ENV_NAME)
+    secret: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    key: str = Field(min_length=1)
+    optional: bool = Field(False, description="Start the pods even when the Secret does not exist.")
+    value: str | None = Field(None, description="Never valid: the rules reject a secret written inline.")
+
+
+class Versions(_Section):
+    kuberay: str = _chart_version("kuberay-operator")
+    nvidia_device_plugin: str = _chart_version("nvidia-device-plugin")
+    efa_device_plugin: str = _chart_version("aws-efa-k8s-device-plugin")
+
+
+class ClusterSpec(_Section):
+    name: str = Field(pattern=DNS_LABEL, max_length=40, description="EKS cluster and RayCluster name.")
+    region: str = Field(_defaults["region"], pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
+    kubernetes_version: str = Field(_defaults["kubernetes_version"], pattern=r"^1\.\d+$")
+    ami_family: str = _defaults["ami_family"]
+    namespace: str = Field(_defaults["namespace"], pattern=DNS_LABEL, max_length=63)
+    availability_zones: list[str] = Field(
+        default_factory=list, description="Cluster AZs (EKS needs two); must include every worker group's AZ."
+    )
+    system: SystemGroup = Field(default_factory=SystemGroup)
+    workers: list[WorkerGroup] = Field(min_length=1)
+    fabric: Literal["efa", "socket"] | None = Field(
+        None, description="Default: efa when every worker instance has EFA, else socket."
+    )
+    image: ImageSpec = Field(default_factory=ImageSpec)
+    ray_version: str | None = Field(None, description="RayCluster rayVersion; default: the image's Ray.")
+    storage: Storage | None = None
+    secrets: list[SecretRef] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="Plain environment for every Ray pod.")
+    versions: Versions = Field(default_factory=Versions)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(ENV_NAME, name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> "ClusterSpec":
+        if self.fabric is None:
+            efa = all(w.profile.efa_supported for w in self.workers)
+            self.fabric = "efa" if efa else "socket"
+        if self.image.ray_version is None:
+            known = catalog.image_ray_version(self.image.uri)
+            if known is None:
+                raise ValueError(
+                    f"image.ray_version: required for {self.image.uri} (the catalog knows the Ray "
+                    "version of these images only: " + ", ".join(catalog.platform()["images"]) + ")"
+                )
+            self.image.ray_version = known
+        if self.ray_version is None:
+            self.ray_version = self.image.ray_version
+        return self
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(w.count * w.gpus_per_worker for w in self.workers)
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    err = errors[0]
+    loc = _loc(err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in err and not isinstance(err["input"], (dict, list)):
+        msg = f"{msg} (got {err['input']!r})"
+    line = f"{loc}: {msg}" if loc else msg
+    return line + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+
+
+def parse_cluster_spec(data: dict[str, Any], source: str | None = None) -> ClusterSpec:
+    """A ClusterSpec from a mapping; SpecError naming the field path on the first problem."""
+    prefix = f"{source}: " if source else ""
+    if not isinstance(data, dict):
+        raise SpecError(f"{prefix}a cluster spec is a mapping with name, workers, ... keys")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(prefix + _first_error(exc), hint="see examples/cluster-reference.yaml") from None
+
+
+def cluster_spec_from_yaml(text: str, source: str | None = None) -> ClusterSpec:
+    """Parse the YAML text of a cluster spec (the caller reads the file)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{source or 'spec'}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse_cluster_spec(data, source)

@@ -1,0 +1,166 @@
+"""The job spec: what to fine-tune, on which data, for how long, where results go.
+
+Loaded from YAML; unknown keys are errors; `--set a.b=c` overrides any field.
+Relative paths are resolved against the directory the command runs in.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainlift.errors import SpecError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    path: str | None = Field(None, description="Local HF model directory or hub id.")
+    config: dict[str, Any] | str | None = Field(
+        None,
+        description="HF config (a dict with model_type, or a config.json path): random init. "
+        "With `path` too, the model is built once, saved to `path`, then loaded from there.",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer directory or hub id; default: model.path.")
+    activation_checkpointing: bool = False
+    dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> "ModelSection":
+        if self.path is None and self.config is None:
+            raise ValueError("set model.path (a model directory or hub id) or model.config")
+        if self.path is None and self.tokenizer is None:
+            raise ValueError("model.tokenizer is required when the model is built from model.config alone")
+        return self
+
+
+class DataSection(_Section):
+    train: str
+    eval: str | None = None
+    format: Literal["messages", "prompt_completion", "text"] = "messages"
+    seq_len: int = Field(512, gt=8)
+    eval_examples: int = Field(256, ge=1, description="At most this many eval examples are scored.")
+
+
+class TrainSection(_Section):
+    steps: int = Field(100, gt=0)
+    micro_batch_size: int = Field(4, gt=0)
+    grad_accum: int = Field(1, gt=0)
+    lr: float = Field(3e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(10, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    eval_every: int = Field(0, ge=0, description="Steps between evaluations; 0: only at the end.")
+    seed: int = 0
+
+
+class ScalingSection(_Section):
+    workers: int | Literal["auto"] = Field(2, description="Ray Train workers; auto: one per GPU in the cluster.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpus_per_worker: int = Field(1, gt=0)
+
+    @field_validator("workers")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+
+class CheckpointSection(_Section):
+    every_steps: int = Field(50, ge=0, description="0: no periodic checkpoints.")
+    keep: int = Field(2, ge=1)
+
+
+class RunSection(_Section):
+    name: str = "run"
+    storage: str = Field("runs", description="Local directory or s3://bucket/prefix; the run lives in <storage>/<name>.")
+    max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
+            raise ValueError("use letters, digits, '.', '_' and '-' (at most 100)")
+        return value
+
+
+class JobSpec(_Section):
+    model: ModelSection
+    data: DataSection
+    train: TrainSection = TrainSection()
+    scaling: ScalingSection = ScalingSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    run: RunSection = RunSection()
+
+    @property
+    def is_remote_storage(self) -> bool:
+        return "://" in self.run.storage
+
+    @property
+    def run_uri(self) -> str:
+        return f"{self.run.storage.rstrip('/')}/{self.run.name}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=c` -> (["a", "b"], c), the value parsed as YAML so numbers and lists keep their type."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set {text!r}: expected KEY=VALUE", hint="e.g. --set train.steps=20")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in err and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    more = len(exc.errors()) - 1
+    return f"{loc}: {msg}" + (f" (and {more} more)" if more else "") if loc else msg
+
+
+def validate_job_spec(raw: dict[str, Any], source: str = "spec") -> JobSpec:
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: {_first_error(exc)}", hint="fix the spec file or pass --set KEY=VALUE") from None
+
+
+def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: the spec must be a YAML mapping with model, data, train, ... sections")
+    return validate_job_spec(apply_overrides(raw, overrides), source=str(path))

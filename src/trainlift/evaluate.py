@@ -1,0 +1,57 @@
+"""Exact-match accuracy of a fine-tuned model: greedy answers against the reference answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainlift.errors import UsageError
+from trainlift.train.data import chat_prompt, read_jsonl
+
+
+def _prompt_and_answer(row: dict, tokenizer) -> tuple[str, str, str]:
+    """(text shown to the model, the user-facing prompt, the expected answer)."""
+    if "messages" in row:
+        msgs = row["messages"]
+        last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        return chat_prompt(msgs[:last], tokenizer), msgs[last - 1]["content"], msgs[last]["content"]
+    return row["prompt"], row["prompt"], row["completion"]
+
+
+def _detect_format(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        first = next((line for line in fh if line.strip()), "{}")
+    try:
+        return "messages" if "messages" in json.loads(first) else "prompt_completion"
+    except json.JSONDecodeError:
+        return "messages"  # read_jsonl reports the bad line
+
+
+def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens: int = 16,
+                batch_size: int = 32) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise UsageError(f"{model_dir}: not an HF model directory (no config.json)",
+                         hint="point at <run>/final after `trainlift train`")
+    rows = read_jsonl(data_file, _detect_format(data_file))[:limit]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    triples = [_prompt_and_answer(r, tokenizer) for r in rows]
+    samples = []
+    for start in range(0, len(triples), batch_size):
+        chunk = triples[start:start + batch_size]
+        enc = tokenizer([t for t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        for (_, prompt, expected), answer in zip(chunk, answers):
+            answer = answer.strip()
+            samples.append({"prompt": prompt, "expected": expected, "answer": answer, "correct": answer == expected.strip()})
+    correct = sum(s["correct"] for s in samples)
+    return {"model": model_dir, "total": len(samples), "correct": correct,
+            "accuracy": correct / len(samples) if samples else 0.0, "samples": samples}

@@ -1,0 +1,148 @@
+"""Pure spec -> manifests: eksctl, Helm, RayCluster, RayJob. Validated before anyone writes them.
+
+`render_cluster(spec)` checks trainlift's rules, renders every manifest, validates each
+against its schema, and returns them with the relative paths they belong at. Nothing
+here touches the file system beyond the packaged schemas; the caller writes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from trainlift.config.cluster import ClusterSpec
+from trainlift.errors import SpecError
+from trainlift.render.eksctl import render_eksctl
+from trainlift.render.helm import helm_install_args, render_helm_releases
+from trainlift.render.raycluster import MANAGED_BY, render_raycluster
+from trainlift.render.rayjob import JobInputs, render_rayjob
+from trainlift.render.rules import check_cluster
+from trainlift.render.validate import core_problems, crd_problems, eksctl_problems, values_problems
+
+Check = Literal["eksctl", "crd", "core", "helm-values", "none"]
+MAX_LISTED = 5
+
+__all__ = ["JobInputs", "Manifest", "render_cluster", "to_yaml", "validate_manifests"]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: str
+    body: Any
+    check: Check
+    comment: str = ""
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.body, dict) and "kind" in self.body:
+            return self.body["kind"]
+        return "HelmValues" if self.check == "helm-values" else "HelmReleases"
+
+    def text(self) -> str:
+        header = "".join(f"# {line}\n" for line in self.comment.splitlines())
+        return header + to_yaml(self.body)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(body: Any) -> str:
+    """Block-style YAML in the renderers' own key order (multi-line strings as literal blocks)."""
+    return yaml.dump(body, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _namespace(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": spec.namespace, "labels": dict(MANAGED_BY)},
+    }
+
+
+def _service_account(spec: ClusterSpec) -> dict[str, Any] | None:
+    """The storage service account, rendered here only for an existing role (else eksctl creates it)."""
+    s3 = spec.storage.s3 if spec.storage else None
+    if s3 is None or s3.role_arn is None:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": s3.service_account,
+            "namespace": spec.namespace,
+            "labels": dict(MANAGED_BY),
+            "annotations": {"eks.amazonaws.com/role-arn": s3.role_arn},
+        },
+    }
+
+
+def _helm_manifests(spec: ClusterSpec) -> list[Manifest]:
+    releases = render_helm_releases(spec)
+    index, manifests = [], []
+    for release in releases:
+        values_file = f"{release['name']}.values.yaml"
+        entry = {k: v for k, v in release.items() if k != "values"}
+        entry["valuesFile"] = values_file
+        index.append(entry)
+        command = shlex.join(helm_install_args(release, f"helm/{values_file}"))
+        manifests.append(Manifest(f"helm/{values_file}", release["values"], "helm-values", command))
+    head = Manifest("helm/releases.yaml", {"releases": index}, "none", "Install in this order.")
+    return [head] + manifests
+
+
+def render_manifests(spec: ClusterSpec, job: JobInputs | None = None) -> list[Manifest]:
+    """Every manifest for the spec, unvalidated (render_cluster validates)."""
+    k8s = "kubectl apply -f k8s/  (after the Helm releases)"
+    manifests = [Manifest("eksctl.yaml", render_eksctl(spec), "eksctl", "eksctl create cluster -f eksctl.yaml")]
+    manifests += _helm_manifests(spec)
+    manifests.append(Manifest("k8s/00-namespace.yaml", _namespace(spec), "core", k8s))
+    account = _service_account(spec)
+    if account is not None:
+        manifests.append(Manifest("k8s/10-serviceaccount.yaml", account, "core", k8s))
+    manifests.append(Manifest("k8s/20-raycluster.yaml", render_raycluster(spec), "crd", k8s))
+    if job is not None:
+        manifests.append(Manifest("k8s/30-rayjob.yaml", render_rayjob(spec, job), "crd", k8s))
+    return manifests
+
+
+def validate_manifests(manifests: list[Manifest], kubernetes_version: str) -> None:
+    """SpecError listing every schema problem (path in the output, then field path); None when all fit."""
+    problems: list[str] = []
+    for m in manifests:
+        if m.check == "eksctl":
+            found = eksctl_problems(m.body)
+        elif m.check == "crd":
+            found = crd_problems(m.body)
+        elif m.check == "core":
+            found = core_problems(m.body, kubernetes_version)
+        elif m.check == "helm-values":
+            found = values_problems(m.body, kubernetes_version)
+        else:
+            found = []
+        problems += [f"{m.path}: {p}" for p in found]
+    if problems:
+        more = len(problems) - MAX_LISTED
+        raise SpecError(
+            "; ".join(problems[:MAX_LISTED]) + (f" (and {more} more)" if more > 0 else ""),
+            hint="a rendered manifest does not fit its schema; check the spec fields it came from",
+        )
+
+
+def render_cluster(spec: ClusterSpec, job: JobInputs | None = None) -> list[Manifest]:
+    """Rules, render, validate: the manifests come back only when every check passed."""
+    check_cluster(spec)
+    manifests = render_manifests(spec, job)
+    validate_manifests(manifests, spec.kubernetes_version)
+    return manifests

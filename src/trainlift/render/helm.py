@@ -1,0 +1,79 @@
+"""ClusterSpec -> Helm releases: NVIDIA device plugin, AWS EFA device plugin, KubeRay operator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainlift import catalog
+from trainlift.config.cluster import ClusterSpec
+from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_ROLE
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def taint_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
+    """One toleration per distinct worker taint, in a stable order."""
+    seen: dict[tuple[str, str, str], dict[str, str]] = {}
+    for w in spec.workers:
+        for t in w.taints:
+            tol = {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+            if not t.value:
+                tol = {"key": t.key, "operator": "Exists", "effect": t.effect}
+            seen.setdefault((t.key, t.value, t.effect), tol)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _release(name: str, version: str, values: dict[str, Any]) -> dict[str, Any]:
+    pin = catalog.chart(name)
+    return {
+        "name": name,
+        "chart": pin.chart,
+        "repo": pin.repo,
+        "version": version,
+        "namespace": pin.namespace,
+        "createNamespace": pin.namespace != "kube-system",
+        "values": values,
+    }
+
+
+def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """In install order. Each release is pinned and scheduled by node selector, never floating."""
+    gpu_nodes = {"role": WORKER_ROLE}
+    tolerations = taint_tolerations(spec)
+    nvidia_tolerations = [
+        # The chart's own defaults, kept because setting tolerations replaces them.
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ] + [t for t in tolerations if t["key"] != "nvidia.com/gpu"]
+    releases = [
+        _release("kuberay-operator", spec.versions.kuberay, {"nodeSelector": dict(SYSTEM_LABELS)}),
+        _release(
+            "nvidia-device-plugin",
+            spec.versions.nvidia_device_plugin,
+            {"nodeSelector": gpu_nodes, "tolerations": nvidia_tolerations},
+        ),
+    ]
+    if spec.fabric == "efa":
+        # The chart schedules only on instance types in its allowlist; listing this
+        # cluster's types keeps a type newer than the chart from silently getting no plugin.
+        types = sorted({w.instance_type for w in spec.workers})
+        values: dict[str, Any] = {
+            "nodeSelector": dict(gpu_nodes),
+            "supportedInstanceLabels": {"keys": [INSTANCE_TYPE_LABEL], "values": types},
+        }
+        if tolerations:
+            values["tolerations"] = tolerations
+        releases.append(_release("aws-efa-k8s-device-plugin", spec.versions.efa_device_plugin, values))
+    return releases
+
+
+def helm_install_args(release: dict[str, Any], values_file: str) -> list[str]:
+    """The idempotent `helm upgrade --install` argv for a rendered release."""
+    args = [
+        "helm", "upgrade", "--install", release["name"], release["chart"],
+        "--repo", release["repo"], "--version", release["version"],
+        "--namespace", release["namespace"], "--values", values_file,
+    ]
+    if release["createNamespace"]:
+        args.append("--create-namespace")
+    return args

@@ -1,0 +1,119 @@
+"""A training job -> KubeRay RayJob running `trainlift train <spec>` on the cluster.
+
+Takes plain inputs, not the job spec model, so it works with any caller that
+knows the job's name, where its spec file sits in the working dir, and its scale.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from trainlift.config.cluster import ClusterSpec
+from trainlift.errors import SpecError
+from trainlift.render.eksctl import SYSTEM_LABELS
+from trainlift.render.raycluster import MANAGED_BY, raycluster_spec, service_account
+
+# KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
+MAX_NAME = 47
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """name: the run's name; spec_path: the job spec's path inside the working dir;
+    workers: Ray Train workers (None: one per GPU); overrides: `--set` values for `trainlift train`."""
+
+    name: str
+    spec_path: str
+    workers: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    shutdown_after_finish: bool = False
+    overrides: tuple[str, ...] = ()
+    ttl_seconds_after_finished: int = 300
+    submitter_backoff_limit: int = 2
+
+
+def k8s_name(name: str) -> str:
+    """A DNS-1123 label made from a run name: lowercase, '-' for anything else, at most MAX_NAME."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:MAX_NAME].rstrip("-")
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = ("job-" + cleaned)[:MAX_NAME].rstrip("-")
+    return cleaned
+
+
+def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
+    problems = []
+    if job.workers is not None and job.workers > cluster.gpu_count:
+        problems.append(
+            f"scaling.workers: {job.workers} workers need {job.workers} GPUs; "
+            f"the cluster has {cluster.gpu_count}"
+        )
+    working_dir = job.runtime_env.get("working_dir")
+    if working_dir is not None and "://" not in str(working_dir):
+        problems.append(
+            f"runtime_env.working_dir: {working_dir} is a local path; a RayJob submits from inside "
+            "the cluster, so the working dir must be a remote URI (e.g. s3://bucket/code.zip)"
+        )
+    if job.ttl_seconds_after_finished < 0:
+        problems.append("ttl_seconds_after_finished: must be at least 0")
+    return problems
+
+
+def entrypoint(job: JobInputs) -> str:
+    args = ["trainlift", "train", job.spec_path]
+    for override in job.overrides:
+        args += ["--set", override]
+    return shlex.join(args)
+
+
+def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
+    # KubeRay fills in the `ray job submit` command; this places the submitter on
+    # the system nodes with a small footprint next to the head.
+    return {
+        "metadata": {"labels": dict(MANAGED_BY)},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": dict(SYSTEM_LABELS),
+            **service_account(cluster),
+            "containers": [{
+                "name": "ray-job-submitter",
+                "image": cluster.image.uri,
+                "imagePullPolicy": cluster.image.pull_policy,
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                "resources": {
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                    "requests": {"cpu": "200m", "memory": "512Mi"},
+                },
+            }],
+        },
+    }
+
+
+def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
+    """With shutdown_after_finish the RayJob brings its own RayCluster and deletes it at the end;
+    otherwise it runs on the RayCluster rendered from the same cluster spec."""
+    problems = job_problems(cluster, job)
+    if problems:
+        raise SpecError("; ".join(problems))
+    spec: dict[str, Any] = {"entrypoint": entrypoint(job)}
+    if job.runtime_env:
+        spec["runtimeEnvYAML"] = yaml.safe_dump(job.runtime_env, sort_keys=True, default_flow_style=False)
+    spec["submissionMode"] = "K8sJobMode"
+    spec["submitterConfig"] = {"backoffLimit": job.submitter_backoff_limit}
+    spec["submitterPodTemplate"] = _submitter(cluster)
+    spec["shutdownAfterJobFinishes"] = job.shutdown_after_finish
+    if job.shutdown_after_finish:
+        spec["ttlSecondsAfterFinished"] = job.ttl_seconds_after_finished
+        spec["rayClusterSpec"] = raycluster_spec(cluster)
+    else:
+        spec["clusterSelector"] = {"ray.io/cluster": cluster.name}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": k8s_name(job.name), "namespace": cluster.namespace, "labels": dict(MANAGED_BY)},
+        "spec": spec,
+    }

@@ -1,0 +1,153 @@
+"""trainlift's own rules on a cluster spec: what no schema can say. Pure; each problem names its field path."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trainlift import catalog
+from trainlift.config.cluster import ClusterSpec
+from trainlift.errors import SpecError
+from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP
+
+_SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
+_KEY_QUALIFIERS = {"API", "ACCESS", "PRIVATE", "SECRET", "SIGNING"}
+_SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|xox[abp]-[A-Za-z0-9\-]{10,})$"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+    hint: str | None = None
+
+    def line(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """An environment variable whose name or value says it holds a credential."""
+    parts = set(name.upper().split("_"))
+    named = bool(parts & _SECRET_WORDS) or ("KEY" in parts and bool(parts & _KEY_QUALIFIERS))
+    return bool(value) and (named or bool(_SECRET_VALUE.match(value.strip())))
+
+
+def _worker_problems(spec: ClusterSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    efa = spec.fabric == "efa"
+    efa_types = [t for t in catalog.instance_types(gpu=True) if catalog.lookup(t).efa_supported]
+    seen: dict[str, int] = {}
+    efa_az: tuple[int, str] | None = None
+    for i, w in enumerate(spec.workers):
+        at, profile = f"workers[{i}]", w.profile
+        if w.name in seen or w.name == SYSTEM_GROUP:
+            other = f"workers[{seen[w.name]}]" if w.name in seen else "the system node group"
+            problems.append(Problem(f"{at}.name", f"{w.name!r} is already the name of {other}"))
+        seen.setdefault(w.name, i)
+        if efa and not profile.efa_supported:
+            problems.append(Problem(
+                f"{at}.instance_type", f"fabric is efa but {w.instance_type} has no EFA",
+                hint="set fabric: socket, or use an EFA type: " + ", ".join(efa_types),
+            ))
+        if w.gpus is not None and w.gpus > profile.gpus:
+            problems.append(Problem(
+                f"{at}.gpus", f"{w.gpus} GPUs per worker but {w.instance_type} has {profile.gpus}",
+                hint=f"at most {profile.gpus}, or leave gpus unset to take all of them",
+            ))
+        for az in w.availability_zones:
+            if not re.fullmatch(re.escape(spec.region) + r"[a-z]", az):
+                problems.append(Problem(f"{at}.availability_zones", f"{az} is not an AZ of {spec.region}"))
+            elif spec.availability_zones and az not in spec.availability_zones:
+                problems.append(Problem(
+                    f"{at}.availability_zones", f"{az} is not one of the cluster's availability_zones",
+                    hint=f"add {az} to availability_zones",
+                ))
+        if efa and profile.efa_supported:
+            azs = w.availability_zones
+            if len(azs) != 1:
+                what = f"spans {len(azs)} AZs ({', '.join(azs)})" if azs else "sets no AZ"
+                problems.append(Problem(
+                    f"{at}.availability_zones",
+                    f"an EFA node group needs exactly one AZ (EFA traffic does not cross AZs); this one {what}",
+                    hint=f"keep one AZ where {w.instance_type} is offered "
+                    f"(trainlift capacity {w.instance_type} --region {spec.region})",
+                ))
+            elif efa_az is None:
+                efa_az = (i, azs[0])
+            elif azs[0] != efa_az[1]:
+                problems.append(Problem(
+                    f"{at}.availability_zones",
+                    f"EFA groups must share one AZ: {azs[0]} here, {efa_az[1]} in workers[{efa_az[0]}]",
+                ))
+        for key in w.labels:
+            if key in RESERVED_LABELS:
+                problems.append(Problem(f"{at}.labels.{key}", "is set by trainlift; choose another label"))
+    return problems
+
+
+def _cluster_problems(spec: ClusterSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    pinned = sorted({az for w in spec.workers for az in w.availability_zones})
+    if spec.availability_zones and len(set(spec.availability_zones)) < 2:
+        problems.append(Problem("availability_zones", "EKS needs at least two AZs for the cluster"))
+    elif pinned and not spec.availability_zones:
+        problems.append(Problem(
+            "availability_zones",
+            f"worker groups pin {', '.join(pinned)}, so list the cluster's AZs: at least two of "
+            f"{spec.region}, including those",
+        ))
+    for az in spec.availability_zones:
+        if not re.fullmatch(re.escape(spec.region) + r"[a-z]", az):
+            problems.append(Problem("availability_zones", f"{az} is not an AZ of {spec.region}"))
+    image = spec.image
+    known = catalog.image_ray_version(image.uri)
+    if known is not None and image.ray_version != known:
+        problems.append(Problem("image.ray_version", f"{image.ray_version}, but {image.uri} ships Ray {known}"))
+    if spec.ray_version != image.ray_version:
+        problems.append(Problem(
+            "ray_version", f"{spec.ray_version} differs from the image's Ray {image.ray_version} ({image.uri})",
+            hint="rayVersion must be the Ray inside the image; drop ray_version to take the image's",
+        ))
+    return problems
+
+
+def _secret_problems(spec: ClusterSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    for i, ref in enumerate(spec.secrets):
+        if ref.value is not None:
+            problems.append(Problem(
+                f"secrets[{i}].value", "secret value written inline; reference a Kubernetes Secret instead",
+                hint=f"kubectl -n {spec.namespace} create secret generic {ref.secret} "
+                f"--from-literal={ref.key}=..., then remove value",
+            ))
+        if ref.env in spec.env:
+            problems.append(Problem(f"secrets[{i}].env", f"{ref.env} is also set in env"))
+    names = [ref.env for ref in spec.secrets]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(Problem(f"secrets[{names.index(name)}].env", f"{name} is filled by more than one secret"))
+    for name, value in spec.env.items():
+        if looks_secret(name, value):
+            problems.append(Problem(
+                f"env.{name}", "looks like a secret value written inline",
+                hint=f"store it in a Kubernetes Secret and list it under secrets: "
+                f"[{{env: {name}, secret: NAME, key: KEY}}]",
+            ))
+    return problems
+
+
+def cluster_problems(spec: ClusterSpec) -> list[Problem]:
+    """Every rule the spec breaks, worker groups first (their problems are usually the cause)."""
+    return _worker_problems(spec) + _cluster_problems(spec) + _secret_problems(spec)
+
+
+def raise_problems(problems: list[Problem]) -> None:
+    """One SpecError whose single line lists every problem, the first one's hint attached."""
+    if problems:
+        raise SpecError("; ".join(p.line() for p in problems), hint=problems[0].hint)
+
+
+def check_cluster(spec: ClusterSpec) -> None:
+    raise_problems(cluster_problems(spec))

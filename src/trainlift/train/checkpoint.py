@@ -1,0 +1,141 @@
+"""Sharded DCP checkpoints with an atomic commit, resumption, pruning and the HF export.
+
+Layout under the run directory (local path or s3://, through a pyarrow filesystem):
+
+  checkpoint_00000010/
+    .metadata, __<rank>_0.distcp   model + optimizer (DCP; reshards on load)
+    trainer_state.json             step, data cursor, LR scheduler (rank 0)
+    rng_rank<r>.pt                 each rank's RNG state
+    COMPLETE                       written last, once every rank has finished
+
+A directory without COMPLETE is never resumed from, and is removed once a
+newer checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+MARKER = "COMPLETE"
+TRAINER_STATE = "trainer_state.json"
+_NAME = re.compile(r"^checkpoint_(\d{8})$")
+
+
+def dir_name(step: int) -> str:
+    return f"checkpoint_{step:08d}"
+
+
+def step_of(path: str) -> int | None:
+    match = _NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+def is_complete(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(f"{path}/{MARKER}").type == pafs.FileType.File
+
+
+def list_checkpoints(fs: pafs.FileSystem, run_path: str) -> list[tuple[int, str, bool]]:
+    """(step, path, complete) for every checkpoint directory, oldest first."""
+    infos = fs.get_file_info(pafs.FileSelector(run_path, allow_not_found=True))
+    found = []
+    for info in infos:
+        step = step_of(info.path)
+        if info.type == pafs.FileType.Directory and step is not None:
+            found.append((step, info.path, is_complete(fs, info.path)))
+    return sorted(found)
+
+
+def latest_complete(fs: pafs.FileSystem, run_path: str) -> tuple[int, str] | None:
+    complete = [(step, path) for step, path, done in list_checkpoints(fs, run_path) if done]
+    return complete[-1] if complete else None
+
+
+def mark_complete(fs: pafs.FileSystem, path: str, step: int, world_size: int) -> None:
+    with fs.open_output_stream(f"{path}/{MARKER}") as out:
+        out.write(json.dumps({"step": step, "world_size": world_size, "time": time.time()}).encode())
+
+
+def prune(fs: pafs.FileSystem, run_path: str, keep: int) -> list[str]:
+    """Delete complete checkpoints beyond the newest `keep`, and unfinished ones older than the newest."""
+    entries = list_checkpoints(fs, run_path)
+    complete = [path for _, path, done in entries if done]
+    if not complete:
+        return []
+    newest_step = step_of(complete[-1])
+    doomed = complete[:-keep] + [path for step, path, done in entries if not done and step < newest_step]
+    for path in doomed:
+        fs.delete_dir(path)
+    return doomed
+
+
+def remove_unfinished_after(fs: pafs.FileSystem, run_path: str, step: int) -> None:
+    """Leftovers of a crashed save beyond the resume point would be merged into by the next save."""
+    for s, path, done in list_checkpoints(fs, run_path):
+        if s > step and not done:
+            fs.delete_dir(path)
+
+
+def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: int, rank: int, world: int) -> None:
+    """This rank's part of a checkpoint, written to a local directory that Ray Train then uploads."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, Path(local_dir) / f"rng_rank{rank}.pt")
+    if rank == 0:
+        state = {"step": step, "cursor": cursor, "world_size": world, "scheduler": scheduler.state_dict()}
+        (Path(local_dir) / TRAINER_STATE).write_text(json.dumps(state))
+
+
+def load(local_dir: str, model, optimizer, scheduler, rank: int) -> tuple[int, int]:
+    """Load a checkpoint (saved by any number of ranks) into this rank; returns (step, data cursor)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=local_dir)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    trainer = json.loads((Path(local_dir) / TRAINER_STATE).read_text())
+    scheduler.load_state_dict(trainer["scheduler"])
+    rng_file = Path(local_dir) / f"rng_rank{rank}.pt"
+    if rng_file.exists():
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return trainer["step"], trainer["cursor"]
+
+
+def load_weights_unsharded(checkpoint_dir: str, model) -> None:
+    """Load a checkpoint's model weights into a plain (unsharded, single-process) model."""
+    model_sd = get_model_state_dict(model)
+    state = {"model": model_sd}
+    dcp.load(state, checkpoint_id=checkpoint_dir)
+    model.load_state_dict(state["model"])
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """Gather the full weights to rank 0's CPU (a collective: every rank calls it; others get {})."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_hf(out_dir: str, config, state_dict: dict[str, torch.Tensor], tokenizer, dtype: torch.dtype) -> None:
+    """`save_pretrained` (safetensors) plus the tokenizer, loadable by `from_pretrained`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(state_dict)
+    model.to(dtype).save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)

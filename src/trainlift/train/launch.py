@@ -1,0 +1,234 @@
+"""Run a job spec with Ray Train's TorchTrainer, on an embedded local Ray or an existing cluster.
+
+The driver checks everything it can before Ray starts (data, model, run
+directory), so bad input fails in a second with one line, not in a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+
+from trainlift.config.job import JobSpec
+from trainlift.errors import TrainliftError, UsageError
+from trainlift.train import data
+from trainlift.train.model import build_config, load_tokenizer, materialize, max_positions
+
+EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
+
+
+def _local(path: str | None) -> str | None:
+    """Absolute form of a local path; URIs pass through."""
+    return path if path is None or "://" in path else str(Path(path).expanduser().resolve())
+
+
+def _local_if_exists(path: str | None) -> str | None:
+    """Local paths that exist become absolute; anything else (a hub id) passes through."""
+    return _local(path) if path is not None and Path(path).expanduser().exists() else path
+
+
+def resolve_paths(spec: JobSpec) -> JobSpec:
+    """Make local paths absolute: Ray workers do not run in the driver's directory."""
+    resolved = spec.model_copy(deep=True)
+    model = resolved.model
+    model.path = _local(model.path) if model.config is not None else _local_if_exists(model.path)
+    model.tokenizer = _local_if_exists(model.tokenizer)
+    if isinstance(model.config, str):
+        model.config = _local(model.config)
+    resolved.data.train = _local(spec.data.train)
+    resolved.data.eval = _local(spec.data.eval)
+    resolved.run.storage = _local(spec.run.storage)
+    return resolved
+
+
+def check_run_dir(spec: JobSpec) -> None:
+    if spec.is_remote_storage:
+        return
+    run_dir = Path(spec.run_uri)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"run.storage: cannot write to {run_dir} ({exc.strerror})",
+                         hint="choose a writable directory with --run-dir or --set run.storage=...") from None
+
+
+def _model_config(spec: JobSpec):
+    from transformers import AutoConfig
+
+    if spec.model.path and (Path(spec.model.path) / "config.json").exists():
+        return AutoConfig.from_pretrained(spec.model.path)
+    if spec.model.config is not None:
+        return build_config(spec.model.config)
+    try:
+        return AutoConfig.from_pretrained(spec.model.path)
+    except OSError as exc:
+        raise UsageError(f"model.path: cannot load a model config from {spec.model.path!r}",
+                         hint="give a local model directory, a reachable hub id, or model.config") from exc
+
+
+def preflight(spec: JobSpec) -> None:
+    """Every check that needs no Ray: data files parse, seq_len fits the model, storage is writable."""
+    for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
+        if path is not None:
+            if not Path(path).is_file():
+                raise UsageError(f"{name}: data file not found: {path}", hint="fix the path in the spec or with --set")
+            data.read_jsonl(path, spec.data.format)
+    limit = max_positions(_model_config(spec))
+    if limit is not None and spec.data.seq_len > limit:
+        raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
+                         hint=f"--set data.seq_len={limit}")
+    check_run_dir(spec)
+
+
+def prepare_model(spec: JobSpec) -> bool:
+    """Build and save the model first when the spec gives both model.config and model.path."""
+    if spec.model.path and spec.model.config is not None:
+        return materialize(spec.model.path, spec.model.config, spec.model.tokenizer or spec.model.path, spec.train.seed)
+    if spec.model.tokenizer or spec.model.path:
+        load_tokenizer(spec.model)
+    return False
+
+
+def ensure_ray(address: str | None, num_cpus: int) -> bool:
+    """Attach to a cluster or start an embedded one; returns whether this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
+            raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
+                                 hint="check the address, or drop --address to run on an embedded local Ray") from None
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def _progress_board():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ProgressBoard:
+        """Rank 0 posts each step here without waiting; the driver polls it for the progress bar."""
+
+        def __init__(self):
+            self.latest: dict[str, Any] = {}
+            self.summary: dict[str, Any] = {}
+
+        def update(self, row: dict[str, Any]) -> None:
+            self.latest = row
+
+        def finish(self, summary: dict[str, Any]) -> None:
+            self.summary = summary
+
+        def get(self) -> dict[str, Any]:
+            return self.latest
+
+        def get_summary(self) -> dict[str, Any]:
+            return self.summary
+
+    return ProgressBoard.remote()
+
+
+def _poll(board, on_update: Callable[[dict], None], stop: threading.Event) -> None:
+    import ray
+
+    while not stop.wait(0.5):
+        try:
+            on_update(ray.get(board.get.remote(), timeout=5))
+        except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
+            pass
+
+
+def scaling_for(spec: JobSpec, workers: int | None):
+    import ray
+    from ray.train import ScalingConfig
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    use_gpu = spec.scaling.device == "cuda" or (spec.scaling.device == "auto" and gpus > 0)
+    count = workers or spec.scaling.workers
+    if count == "auto":
+        count = gpus if use_gpu else max(1, int(ray.cluster_resources().get("CPU", 1)) // spec.scaling.cpus_per_worker)
+    return ScalingConfig(num_workers=count, use_gpu=use_gpu, resources_per_worker={"CPU": spec.scaling.cpus_per_worker}), use_gpu
+
+
+def write_summary(spec: JobSpec, summary: dict[str, Any]) -> None:
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    with fs.open_output_stream(f"{path}/summary.json") as out:
+        out.write(json.dumps(summary, indent=2, sort_keys=True).encode())
+
+
+def run_training(
+    spec: JobSpec,
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+    stop_at_step: int | None = None,
+    on_update: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
+    """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from trainlift.train.recipe import train_loop_per_worker
+
+    started_at = time.time()
+    spec = resolve_paths(spec)
+    preflight(spec)
+    prepare_model(spec)
+    requested = workers or (spec.scaling.workers if isinstance(spec.scaling.workers, int) else 1)
+    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker))
+    stop = threading.Event()
+    try:
+        scaling, use_gpu = scaling_for(spec, workers)
+        board = _progress_board()
+        poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
+        poller.start()
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step},
+            scaling_config=scaling,
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            run_config=RunConfig(
+                name=spec.run.name,
+                storage_path=spec.run.storage,
+                failure_config=FailureConfig(max_failures=spec.run.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=None),
+            ),
+        )
+        try:
+            trainer.fit()
+        except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
+            raise TrainliftError(f"training failed: {_root_cause(exc)}",
+                                 hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}") from exc
+        stop.set()
+        poller.join(timeout=2)
+        on_update and on_update(ray.get(board.get.remote()))
+        summary = ray.get(board.get_summary.remote())
+        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at)
+        write_summary(spec, summary)
+        return summary
+    finally:
+        stop.set()
+        if started_ray:
+            ray.shutdown()
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

@@ -1,0 +1,86 @@
+"""Load or build a Hugging Face causal LM and shard it with FSDP2 (`fully_shard`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+
+def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
+    """An HF config from a dict (with model_type) or a config.json path; vocab from the tokenizer if unset."""
+    if isinstance(config, str):
+        config = json.loads(Path(config).read_text())
+    config = dict(config)
+    model_type = config.pop("model_type")
+    if tokenizer is not None:
+        config.setdefault("vocab_size", len(tokenizer))
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(tokenizer, name) is not None:
+                config.setdefault(name, getattr(tokenizer, name))
+    return AutoConfig.for_model(model_type, **config)
+
+
+def materialize(path: str, config: dict[str, Any] | str, tokenizer_path: str, seed: int) -> bool:
+    """Build a randomly initialised model from `config` and save it (with its tokenizer) to `path`,
+    unless a model is already there. Returns whether it built one."""
+    out = Path(path)
+    if (out / "config.json").exists():
+        return False
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(build_config(config, tokenizer))
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return True
+
+
+def load_model(model_spec, seed: int) -> torch.nn.Module:
+    """The model in fp32 on the CPU (FSDP moves and casts it), from `path` or built from `config`."""
+    if model_spec.path is not None:
+        return AutoModelForCausalLM.from_pretrained(model_spec.path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_spec.tokenizer)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(build_config(model_spec.config, tokenizer))
+
+
+def load_tokenizer(model_spec):
+    return AutoTokenizer.from_pretrained(model_spec.tokenizer or model_spec.path)
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks, found by the class names the model itself declares unsplittable."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool):
+    """Shard every decoder layer, then the root. bf16 compute with fp32 gradient reduction on GPU."""
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """6·N_non-embedding + 12·L·H·Q·T, plus 6·V·d for a tied LM head (PaLM appendix B). Call before sharding."""
+    config = model.config
+    embedding = model.get_input_embeddings().weight.numel()
+    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    attention = 12 * config.num_hidden_layers * heads * head_dim * seq_len
+    tied_head = 6 * embedding if getattr(config, "tie_word_embeddings", False) else 0
+    return float(6 * non_embedding + attention + tied_head)

@@ -1,0 +1,235 @@
+"""The training loop that runs in every Ray Train worker. Read it top to bottom.
+
+One step = `grad_accum` micro-batches of `micro_batch_size` packed rows on each
+worker. The loss is the sum of token losses over the whole global batch divided
+by its trainable-token count, so gradients do not depend on how the batch is
+split across workers. `ray.train.report()` is called only at evaluation and
+checkpoint boundaries (it is a cross-worker barrier drained on a 2 s poll);
+per-step metrics go to metrics.jsonl and to the driver's progress board.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+
+import pyarrow.fs as pafs
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainlift.config.job import JobSpec
+from trainlift.train import checkpoint, data, metrics
+from trainlift.train.model import apply_fsdp, flops_per_token, load_model, load_tokenizer
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed next-token cross-entropy over trainable (label != -100) tokens.
+
+    No KV cache: without one, transformers reads restarting position ids as
+    packed examples and masks attention between them."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)).float(),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=data.IGNORE,
+        reduction="sum",
+    )
+
+
+def trainable_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != data.IGNORE).sum())
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, world: int, device) -> list[dict]:
+    """This worker's micro-batches for the step that starts at the global `cursor`."""
+    per_micro = spec.train.micro_batch_size * world
+    indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * spec.train.grad_accum)
+    micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(spec.train.grad_accum)]
+    return [to_device(data.collate([packed.rows[j] for j in data.rank_slice(m, rank, world)]), device) for m in micro]
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def accumulate_gradients(model, batches: list[dict], world: int, device) -> tuple[float, float]:
+    """Backward over this worker's micro-batches; returns (global mean loss, global token count)."""
+    local = [float(sum(trainable_tokens(b) for b in batches)), float(sum(b["num_tokens"] for b in batches))]
+    global_trainable, global_tokens = all_reduce_sum(local, device)
+    loss_sum = 0.0
+    for i, batch in enumerate(batches):
+        model.set_requires_gradient_sync(i == len(batches) - 1)
+        loss = token_loss_sum(model, batch)
+        # FSDP averages gradients over workers; scale so the result is the global-batch mean.
+        (loss * world / max(global_trainable, 1.0)).backward()
+        loss_sum += loss.item()
+    (total_loss,) = all_reduce_sum([loss_sum], device)
+    return total_loss / max(global_trainable, 1.0), global_tokens
+
+
+def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device):
+    """One optimizer step; returns (loss, grad_norm, global tokens)."""
+    loss, tokens = accumulate_gradients(model, batches, world, device)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, float(grad_norm), tokens
+
+
+@torch.no_grad()
+def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
+    model.eval()
+    loss_sum, count = 0.0, 0
+    for batch in batches:
+        batch = to_device(batch or dummy, device)
+        loss_sum += token_loss_sum(model, batch).item()
+        count += trainable_tokens(batch)
+    model.train()
+    total, tokens = all_reduce_sum([loss_sum, float(count)], device)
+    return total / max(tokens, 1.0)
+
+
+def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int, str | None]:
+    """Restore from Ray Train's latest checkpoint if it is complete, else the newest complete one."""
+    reported = ray.train.get_checkpoint()
+    if reported is not None and checkpoint.is_complete(reported.filesystem, reported.path):
+        source = reported
+    else:
+        latest = checkpoint.latest_complete(fs, run_path)
+        source = ray.train.Checkpoint(latest[1], filesystem=fs) if latest else None
+    if rank == 0:
+        checkpoint.remove_unfinished_after(fs, run_path, checkpoint.step_of(source.path) if source else -1)
+    if source is None:
+        return 0, 0, None
+    with source.as_directory() as local_dir:
+        step, cursor = checkpoint.load(local_dir, model, optimizer, scheduler, rank)
+    return step, cursor, source.path
+
+
+def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, keep, report_metrics) -> None:
+    with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-") as local_dir:
+        checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, rank, world)
+        ray.train.report(report_metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
+                         checkpoint_dir_name=checkpoint.dir_name(step))
+    dist.barrier()  # every rank's upload has finished before the marker goes down
+    if rank == 0:
+        path = f"{run_path}/{checkpoint.dir_name(step)}"
+        checkpoint.mark_complete(fs, path, step, world)
+        checkpoint.prune(fs, run_path, keep)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    spec = JobSpec.model_validate(config["spec"])
+    board, stop_at = config.get("board"), config.get("stop_at_step")
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    bf16 = spec.model.dtype == "bf16" or (spec.model.dtype == "auto" and device.type == "cuda")
+    storage = ctx.get_storage()
+    fs, run_path = storage.storage_filesystem, storage.experiment_fs_path
+
+    tokenizer = load_tokenizer(spec.model)
+    train_data = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
+    eval_data = data.prepare(spec.data.eval, spec.data.format, tokenizer, spec.data.seq_len) if spec.data.eval else None
+    if eval_data is not None:
+        eval_data.rows = eval_data.rows[: spec.data.eval_examples]
+
+    model = load_model(spec.model, spec.train.seed)
+    model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)
+    model = apply_fsdp(model, device, bf16, spec.model.activation_checkpointing)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay,
+                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(spec.train.warmup_steps, spec.train.steps, spec.train.min_lr_ratio))
+    step, cursor, resumed_from = resume(fs, run_path, model, optimizer, scheduler, rank)
+    dist.barrier()
+
+    sink = metrics.JsonlSink(fs, f"{run_path}/metrics.jsonl") if rank == 0 else metrics.NullSink()
+    peak = metrics.device_peak_flops(device)
+    eval_batches = data.eval_batches(eval_data, rank, world, spec.train.micro_batch_size) if eval_data else []
+    dummy = data.collate([{"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8))}])
+
+    def run_eval(at_step: int) -> float | None:
+        if not eval_batches:
+            return None
+        loss = evaluate(model, eval_batches, dummy, device)
+        sink.write({"step": at_step, "eval_loss": loss, "time": time.time()})
+        return loss
+
+    initial_eval = run_eval(step) if step == 0 else None
+    if rank == 0 and board is not None:
+        board.update.remote({"event": "start", "step": step, "resumed_from": resumed_from, "world": world})
+    per_micro_rows = world * spec.train.micro_batch_size * spec.train.grad_accum
+    timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
+    first_step = step
+    while step < spec.train.steps:
+        t0 = time.perf_counter()
+        batches = step_batches(train_data, spec, cursor, rank, world, device)
+        loss, grad_norm, tokens = train_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, world, device)
+        step_time = time.perf_counter() - t0
+        step, cursor = step + 1, cursor + per_micro_rows
+        if step > first_step + 1:  # the first step after (re)start carries warm-up costs
+            timed_tokens, timed_seconds = timed_tokens + tokens, timed_seconds + step_time
+        row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+               "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
+               "mfu": metrics.mfu(tokens / step_time / world, fpt, peak), "time": time.time()}
+        sink.write(row)
+        if rank == 0 and board is not None:
+            board.update.remote({"event": "step", **row, "total_steps": spec.train.steps})
+        boundary_metrics = {"step": step, "loss": loss}
+        if spec.train.eval_every and step % spec.train.eval_every == 0 and step < spec.train.steps:
+            eval_loss = run_eval(step)
+            boundary_metrics["eval_loss"] = eval_loss
+            sink.flush()
+            if not (spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0):
+                ray.train.report(boundary_metrics)
+        stopping = stop_at is not None and step >= stop_at
+        if spec.checkpoint.every_steps and (step % spec.checkpoint.every_steps == 0 or step == spec.train.steps or stopping):
+            sink.flush()
+            save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, spec.checkpoint.keep, boundary_metrics)
+        if stopping:
+            break
+
+    finished = step >= spec.train.steps
+    if finished and eval_batches:
+        eval_loss = run_eval(step)
+    full = checkpoint.full_state_dict(model) if finished else None
+    if finished and rank == 0:
+        with tempfile.TemporaryDirectory(prefix="trainlift-export-") as out:
+            checkpoint.export_hf(out, model_config, full, tokenizer, torch.bfloat16 if bf16 else torch.float32)
+            fs.create_dir(f"{run_path}/final")
+            pafs.copy_files(out, f"{run_path}/final", destination_filesystem=fs)
+    tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
+    sink.close()
+    summary = {
+        "finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
+        "eval_loss": eval_loss, "tokens_per_s": tokens_per_s,
+        "step_time_s": timed_seconds / max(1, step - first_step - 1) if timed_seconds else None,
+        "mfu": metrics.mfu(tokens_per_s / world, fpt, peak) if tokens_per_s else None,
+        "world_size": world, "resumed_from": resumed_from, "flops_per_token": fpt,
+        "device": device.type, "truncated_examples": train_data.truncated,
+    }
+    if rank == 0 and board is not None:
+        ray.get(board.finish.remote(summary))

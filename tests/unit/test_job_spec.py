@@ -1,0 +1,70 @@
+"""The job spec: typed fields, unknown keys rejected, --set overrides, errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+
+from trainlift.config.job import JobSpec, apply_overrides, load_job_spec, validate_job_spec
+from trainlift.errors import SpecError
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL = {"model": {"path": "m"}, "data": {"train": "t.jsonl"}}
+
+
+def test_minimal_spec_gets_defaults():
+    spec = validate_job_spec(dict(MINIMAL))
+    assert spec.scaling.workers == 2
+    assert spec.run_uri == "runs/run"
+    assert spec.data.format == "messages"
+
+
+def test_unknown_key_names_its_path():
+    with pytest.raises(SpecError, match=r"train\.stepz: unknown key"):
+        validate_job_spec({**MINIMAL, "train": {"stepz": 3}})
+
+
+def test_wrong_type_names_field_and_value():
+    with pytest.raises(SpecError, match=r"train\.steps: .*integer.*'many'"):
+        validate_job_spec({**MINIMAL, "train": {"steps": "many"}})
+
+
+def test_overrides_keep_yaml_types():
+    raw = apply_overrides({"model": {"path": "m"}}, ["train.steps=7", "train.lr=1e-4", "scaling.workers=auto"])
+    spec = validate_job_spec({**raw, "data": {"train": "t"}})
+    assert spec.train.steps == 7 and spec.train.lr == pytest.approx(1e-4) and spec.scaling.workers == "auto"
+
+
+def test_override_without_equals_is_a_spec_error():
+    with pytest.raises(SpecError, match="KEY=VALUE"):
+        apply_overrides({}, ["train.steps"])
+
+
+def test_model_needs_a_source():
+    with pytest.raises(SpecError, match="model: set model.path"):
+        validate_job_spec({"model": {}, "data": {"train": "t"}})
+
+
+def test_run_name_must_be_a_safe_directory_name():
+    with pytest.raises(SpecError, match=r"run\.name"):
+        validate_job_spec({**MINIMAL, "run": {"name": "../escape"}})
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model:\n  path: m\n data: [\n")
+    with pytest.raises(SpecError, match=r"job\.yaml:\d+: not valid YAML"):
+        load_job_spec(bad)
+
+
+@pytest.mark.parametrize("name", ["tiny-local.yaml", "qwen2.5-1.5b-eks.yaml"])
+def test_shipped_examples_validate(name):
+    spec = load_job_spec(REPO / "examples" / name)
+    assert isinstance(spec, JobSpec)
+
+
+def test_reference_job_is_the_published_shape():
+    """Qwen2.5-1.5B, 8 GPU workers, bf16, seq 2048 (the reference sample's job)."""
+    spec = load_job_spec(REPO / "examples" / "qwen2.5-1.5b-eks.yaml")
+    assert spec.model.path == "Qwen/Qwen2.5-1.5B"
+    assert (spec.scaling.workers, spec.scaling.device, spec.model.dtype, spec.data.seq_len) == (8, "cuda", "bf16", 2048)
+    assert spec.run.storage.startswith("s3://")

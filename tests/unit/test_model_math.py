@@ -1,0 +1,50 @@
+"""Model-side arithmetic: FLOPs per token (for MFU), the LR schedule, layer discovery."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from trainlift.train.model import decoder_layers, flops_per_token
+from trainlift.train.recipe import lr_lambda
+
+QWEN25_15B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+def test_flops_per_token_matches_the_published_qwen25_figure():
+    """FACTS.md: Qwen2.5-1.5B is about 10.3 GFLOPs/token at T = 2048 (PaLM appendix B formula)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(QWEN25_15B)
+    assert flops_per_token(model, 2048) == pytest.approx(10.3e9, rel=0.01)
+
+
+def test_decoder_layers_are_found_from_the_model_declaration():
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                                             num_attention_heads=2, num_key_value_heads=1, vocab_size=50))
+    assert len(decoder_layers(model)) == 3
+
+
+def test_lr_warms_up_then_decays_to_the_floor():
+    f = lr_lambda(warmup=4, total=20, min_ratio=0.1)
+    assert f(0) < f(3) < 1.0
+    assert f(4) == pytest.approx(1.0)
+    assert f(12) < f(4)
+    assert f(20) == pytest.approx(0.1)
+
+
+def test_packed_examples_do_not_attend_to_each_other():
+    """The loss of a packed row equals the sum of its examples' losses computed one by one."""
+    from trainlift.train import data
+    from trainlift.train.recipe import token_loss_sum
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=50))
+    examples = [data.Example(ids, ids) for ids in ([3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14])]
+    packed = data.pack(examples, seq_len=16, pad_id=0)
+    assert len(packed.rows) == 1
+    with torch.no_grad():
+        together = token_loss_sum(model, data.collate(packed.rows))
+        apart = sum(token_loss_sum(model, data.collate(data.pack([ex], 16, 0).rows)) for ex in examples)
+    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,128 @@
+"""`trainlift profiles` and `trainlift render` from the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainlift.cli import app
+from trainlift.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "examples" / "cluster-reference.yaml"
+TRAINLIFT = Path(sys.executable).parent / "trainlift"
+runner = CliRunner()
+
+
+def test_profiles_json_lists_the_catalog():
+    result = runner.invoke(app, ["profiles", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["instance_type"]: row for row in json.loads(result.stdout)}
+    p5 = rows["p5.48xlarge"]
+    assert (p5["gpus"], p5["efa_interfaces"], p5["gpu_model"], p5["efa_supported"]) == (8, 32, "H100", True)
+    assert p5["peak_bf16_flops_per_gpu"] == 989e12
+    assert "DescribeInstanceTypes" in p5["sources"]["vcpus"]
+    assert rows["m7i.xlarge"]["gpus"] == 0
+
+
+def test_profiles_table():
+    result = runner.invoke(app, ["profiles"])
+    assert result.exit_code == 0
+    assert "p6-b200.48xlarge" in result.stdout and "g6.12xlarge" in result.stdout
+
+
+def test_render_writes_and_lists_the_manifests(tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", str(REFERENCE), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["valid"] is True and summary["fabric"] == "efa"
+    written = [Path(p) for p in summary["written"]]
+    assert all(p.is_file() for p in written)
+    assert {p.relative_to(out).as_posix() for p in written} >= {
+        "eksctl.yaml", "helm/releases.yaml", "k8s/00-namespace.yaml", "k8s/20-raycluster.yaml"}
+    golden = ROOT / "tests" / "golden" / "reference" / "k8s" / "20-raycluster.yaml"
+    assert (out / "k8s" / "20-raycluster.yaml").read_text() == golden.read_text()
+
+
+def test_render_human_output(tmp_path):
+    result = runner.invoke(app, ["render", str(REFERENCE), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "eksctl.yaml" in result.stdout and "fabric efa, 8 GPUs" in result.stdout
+
+
+def test_render_check_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["render", str(REFERENCE), "--check", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["valid"] is True and "written" not in summary
+    assert [p["path"] for p in summary["manifests"]][0] == "eksctl.yaml"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_needs_out_or_check():
+    result = runner.invoke(app, ["render", str(REFERENCE)])
+    assert result.exit_code != 0
+
+
+def test_a_validation_error_writes_nothing(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(REFERENCE.read_text().replace(
+        "    availability_zones: [us-east-2a]", "    availability_zones: [us-east-2a, us-east-2b]"))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", str(spec), "-o", str(out)])
+    assert isinstance(result.exception, SpecError)
+    assert "workers[0].availability_zones" in result.exception.message
+    assert not out.exists()
+
+
+def test_a_schema_error_writes_nothing(tmp_path, monkeypatch):
+    import trainlift.render as render
+
+    original = render.render_raycluster
+
+    def broken(spec):
+        body = original(spec)
+        body["spec"]["headGroupSpec"]["template"]["spec"]["shmSize"] = "1Gi"
+        return body
+
+    monkeypatch.setattr(render, "render_raycluster", broken)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", str(REFERENCE), "-o", str(out)])
+    assert isinstance(result.exception, SpecError)
+    assert "headGroupSpec.template.spec.shmSize: unknown field" in result.exception.message
+    assert not out.exists()
+
+
+def test_bad_spec_gives_one_line_and_exit_code_2(tmp_path):
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("name: demo\nworkers:\n  - instance_type: g6.12xlarge\n    gpus: 9\n    count: 2\n"
+                    "    availability_zones: [us-east-2a]\navailability_zones: [us-east-2a, us-east-2b]\n")
+    result = subprocess.run([str(TRAINLIFT), "render", str(spec), "--check"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: workers[0].gpus: 9 GPUs per worker but g6.12xlarge has 4")
+
+
+def test_render_with_a_job_adds_a_rayjob(tmp_path, monkeypatch):
+    pytest.importorskip("trainlift.config.job")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(
+        "model: {path: Qwen/Qwen2.5-1.5B}\ndata: {train: data/train.jsonl}\n"
+        "scaling: {workers: 8}\nrun: {name: sft-demo}\n"
+    )
+    result = runner.invoke(app, ["render", str(REFERENCE), "--job", "job.yaml", "-o", "out",
+                                 "--working-dir", "s3://b/code.zip"])
+    assert result.exit_code == 0, result.output
+    job = (tmp_path / "out" / "k8s" / "30-rayjob.yaml").read_text()
+    assert "entrypoint: trainlift train job.yaml --set run.storage=s3://my-trainlift-checkpoints/ray-train" in job
+    assert "name: sft-demo" in job

@@ -1,0 +1,68 @@
+"""Golden files for the reference deployment (examples/cluster-reference.yaml).
+
+A reviewer diffs tests/golden/reference/ against the reference sample's manifests.
+Regenerate after an intended change with:
+
+    TRAINLIFT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from trainlift.config.cluster import cluster_spec_from_yaml
+from trainlift.render import JobInputs, render_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "examples" / "cluster-reference.yaml"
+GOLDEN = ROOT / "tests" / "golden" / "reference"
+# The reference's job: Qwen2.5-1.5B on both nodes (world size 8), its code zipped on S3.
+JOB = JobInputs(
+    name="qwen2.5-1.5b-sft",
+    spec_path="examples/qwen-sft.yaml",
+    workers=8,
+    runtime_env={"working_dir": "s3://my-trainlift-checkpoints/code/trainlift-job.zip"},
+    overrides=("run.storage=s3://my-trainlift-checkpoints/ray-train",),
+)
+
+
+def rendered() -> dict[str, str]:
+    spec = cluster_spec_from_yaml(SPEC.read_text(), source=SPEC.name)
+    return {m.path: m.text() for m in render_cluster(spec, JOB)}
+
+
+def golden_files() -> dict[str, str]:
+    return {
+        p.relative_to(GOLDEN).as_posix(): p.read_text()
+        for p in sorted(GOLDEN.rglob("*.yaml"))
+    }
+
+
+def test_reference_deployment_matches_golden_files():
+    actual = rendered()
+    if os.environ.get("TRAINLIFT_UPDATE_GOLDEN") == "1":
+        for stale in set(golden_files()) - set(actual):
+            (GOLDEN / stale).unlink()
+        for path, text in actual.items():
+            target = GOLDEN / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    expected = golden_files()
+    assert sorted(actual) == sorted(expected), "rendered files differ from the golden set (TRAINLIFT_UPDATE_GOLDEN=1)"
+    for path in actual:
+        assert actual[path] == expected[path], f"{path} differs from tests/golden/reference/{path}"
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("k8s/20-raycluster.yaml", "mountPath: /dev/shm"),
+    ("k8s/20-raycluster.yaml", "value: Libfabric"),
+    ("k8s/20-raycluster.yaml", "vpc.amazonaws.com/efa: '1'"),
+    ("k8s/20-raycluster.yaml", "serviceType: ClusterIP"),
+    ("eksctl.yaml", "efaEnabled: true"),
+    ("helm/aws-efa-k8s-device-plugin.values.yaml", "- g6.12xlarge"),
+])
+def test_golden_files_carry_the_improvements(path, needle):
+    assert needle in (GOLDEN / path).read_text()
