@@ -2,5 +2,10 @@
 
 from trainlift.cli.app import app, main
 from trainlift.cli import train  # noqa: F401  (registers commands)
+from trainlift.cli import doctor  # noqa: F401
+from trainlift.cli import render  # noqa: F401  (registers commands)
+from trainlift.cli import capacity  # noqa: F401  (registers commands)
+from trainlift.cli import cluster  # noqa: F401  (registers commands)
+from trainlift.cli import jobs  # noqa: F401
 
 __all__ = ["app", "main"]

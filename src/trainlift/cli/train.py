@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,6 +13,9 @@ from rich.table import Table
 
 from trainlift.cli.app import app, console, print_json
 from trainlift.config.job import load_job_spec
+from trainlift.ops.jobs import PROGRESS_PREFIX
+
+PROGRESS_KEYS = ("step", "total_steps", "loss", "tokens_per_s", "step_time_s")
 
 
 def _fmt(value, spec: str = ".4g") -> str:
@@ -24,7 +29,8 @@ def train(
     steps: Optional[int] = typer.Option(None, help="Shortcut for --set train.steps=N."),
     workers: Optional[int] = typer.Option(None, help="Ray Train workers (default: scaling.workers, 2)."),
     run_dir: Optional[str] = typer.Option(None, help="Shortcut for --set run.storage=DIR (local path or s3://)."),
-    address: Optional[str] = typer.Option(None, help="Ray cluster to attach to (default: RAY_ADDRESS, else an embedded local Ray)."),
+    address: Optional[str] = typer.Option(
+        None, help="Ray cluster to attach to (default: RAY_ADDRESS, else the `trainlift local up` head, else an embedded local Ray)."),
     stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step; rerun to resume."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
@@ -42,6 +48,11 @@ def train(
     if run_dir is not None:
         overrides.append(f"run.storage={run_dir}")
     spec = load_job_spec(spec_file, overrides)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        from trainlift.ops import localray
+
+        local_head = localray.read_state()
+        address = local_head["gcs_address"] if local_head else None
 
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -49,8 +60,13 @@ def train(
         console=console, transient=json_out, disable=json_out,
     ) as progress:
         task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…")
+        last_printed = [None]
 
         def on_update(row: dict) -> None:
+            if not console.is_terminal and row.get("event") == "step" and row["step"] != last_printed[0]:
+                # Machine-readable progress for `trainlift submit --follow`, which reads the job's log.
+                print(PROGRESS_PREFIX + json.dumps({k: row[k] for k in PROGRESS_KEYS}), flush=True)
+                last_printed[0] = row["step"]
             if row.get("event") == "step":
                 info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
                 progress.update(task, completed=row["step"], info=info)

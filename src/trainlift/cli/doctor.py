@@ -1,0 +1,240 @@
+"""`trainlift doctor`: the stack on this machine or every node, NCCL transport from logs, fabric bandwidth."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from trainlift.cli.app import app, console, print_json
+from trainlift.doctor.rules import Finding, has_errors, sort_findings
+from trainlift.errors import UsageError
+
+doctor_app = typer.Typer(
+    help="Prove the stack and the fabric: versions, EFA/NCCL setup, transport, bandwidth.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(doctor_app, name="doctor")
+
+
+class Fabric(str, Enum):
+    efa = "efa"
+    socket = "socket"
+    any = "any"
+
+
+_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
+_FACT_ROWS = (
+    "hostname", "instance_type", "python", "torch", "torch_cuda", "torch_cudnn", "torch_nccl", "ray", "transformers",
+    "gpu_count", "gpu_model", "driver", "driver_cuda", "ofi_plugin", "ofi_plugin_version", "ofi_plugin_missing_deps",
+    "libfabric", "efa_installer", "fi_info_efa", "uverbs", "memlock_bytes", "shm_bytes",
+)
+
+
+@doctor_app.callback()
+def doctor(
+    ctx: typer.Context,
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (HOST:PORT): probe every node."),
+    expect_fabric: Fabric = typer.Option(Fabric.any, "--expect-fabric", help="The fabric the job needs."),
+    as_json: bool = typer.Option(False, "--json", help="Print every fact and finding as JSON."),
+) -> None:
+    """Check this machine's stack, or every node's with --address (then run `doctor nccl-log` / `doctor fabric`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if address:
+        _doctor_cluster(address, expect_fabric.value, as_json)
+        return
+    from trainlift.doctor.probe import probe
+    from trainlift.doctor.rules import stack_rules
+
+    facts = probe()
+    findings = sort_findings(stack_rules(facts, expect_fabric.value))
+    if as_json:
+        print_json({"facts": facts.to_dict(), "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings)})
+    else:
+        table = Table(title=f"facts: {facts.hostname}", show_header=False)
+        for key in _FACT_ROWS:
+            value = getattr(facts, key)
+            table.add_row(key, "unlimited" if key == "memlock_bytes" and value is None else _cell(value))
+        for key, value in facts.env.items():
+            table.add_row(f"env.{key}", value)
+        console.print(table)
+        _print_findings(findings)
+    _exit(findings)
+
+
+def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
+    import ray
+
+    from trainlift.doctor.nodes import connect, probe_nodes
+    from trainlift.doctor.rules import comparable, cross_node_rules, differences, stack_rules
+
+    connect(address)
+    try:
+        nodes = probe_nodes()
+    finally:
+        ray.shutdown()
+    findings: list[Finding] = []
+    probed = [(n.name, n.facts) for n in nodes if n.facts is not None]
+    for node in nodes:
+        if node.facts is None:
+            findings.append(Finding("node_probe", "error", f"probe failed on {node.name}: {node.error}", node=node.name))
+        else:
+            findings += stack_rules(node.facts, expect, node=node.name)
+    findings = sort_findings(findings + cross_node_rules(probed))
+    diff = differences(probed)
+    if as_json:
+        print_json({
+            "address": address, "nodes": [n.to_dict() for n in nodes], "differences": diff,
+            "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings),
+        })
+    else:
+        table = Table(title=f"{len(nodes)} nodes at {address} (red: differs from the head)")
+        table.add_column("fact")
+        for name, _ in probed:
+            table.add_column(name)
+        values = [comparable(f) for _, f in probed]
+        for key in sorted({k for v in values for k in v}, key=lambda k: (k.startswith("env."), k)):
+            row = [_cell(v.get(key)) for v in values]
+            style = "bold red" if key in diff else None
+            table.add_row(key, *[f"[{style}]{c}[/]" if style and i else c for i, c in enumerate(row)])
+        console.print(table)
+        _print_findings(findings)
+    _exit(findings)
+
+
+@doctor_app.command("nccl-log")
+def nccl_log(
+    files: list[Path] = typer.Argument(..., help="NCCL_DEBUG=INFO output ('-' reads stdin)."),
+    expect: Fabric = typer.Option(Fabric.any, "--expect", help="Exit 1 unless every file shows this transport."),
+    as_json: bool = typer.Option(False, "--json", help="Print verdicts and evidence as JSON."),
+) -> None:
+    """Classify the transport NCCL used (efa, ib, socket, unknown), per file and per host:rank."""
+    from trainlift.doctor.nccl_log import classify_log_text, combine_transports
+
+    verdicts = [classify_log_text(_read_log(path), source=str(path)) for path in files]
+    overall = combine_transports(v.transport for v in verdicts)
+    flags = [v.gdrdma for v in verdicts if v.gdrdma is not None]
+    mismatched = [v for v in verdicts if expect != Fabric.any and v.transport != expect.value]
+    if as_json:
+        print_json({
+            "transport": overall, "gdrdma": all(flags) if flags else None, "expect": expect.value,
+            "ok": not mismatched, "files": [v.to_dict() for v in verdicts],
+        })
+    else:
+        for v in verdicts:
+            table = Table(title=f"{v.source}: {v.transport} (GPUDirect RDMA: {_cell(v.gdrdma)})")
+            for column in ("process", "transport", "GDRDMA", "evidence"):
+                table.add_column(column)
+            for s in v.streams:
+                table.add_row(s.key, s.transport, _cell(s.gdrdma), "\n".join(s.evidence[:3]) or "-")
+            console.print(table)
+        for v in mismatched:
+            console.print(f"[bold red]expected {expect.value}, {v.source} shows {v.transport}[/]")
+    if mismatched:
+        raise typer.Exit(1)
+
+
+@doctor_app.command("fabric")
+def fabric(
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address; default: a local Ray."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Ray Train workers (one per GPU on GPU nodes)."),
+    sizes: str = typer.Option("1M,16M,128M", "--sizes", help="Buffer sizes (K, M, G = powers of 1024)."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="Compare with this type's busbw floor."),
+    as_json: bool = typer.Option(False, "--json", help="Print one row per op and size as JSON."),
+) -> None:
+    """Time all_reduce, all_gather and reduce_scatter across Ray Train workers; report algbw and busbw."""
+    import ray
+
+    from trainlift.doctor.fabric import fabric_findings, parse_sizes, run_fabric
+    from trainlift.doctor.nodes import connect
+    from trainlift.doctor.probe import detect_instance_type
+
+    byte_sizes = parse_sizes(sizes)
+    profile = _instance_profile(instance_type)
+    if profile is None and instance_type is None:
+        detected = detect_instance_type()
+        profile = _instance_profile(detected, strict=False) if detected else None
+    if address:
+        connect(address)
+    elif not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        result = run_fabric(workers=workers, sizes=byte_sizes)
+    finally:
+        ray.shutdown()
+    floor = profile.busbw_floor_gbps if profile else None
+    name = profile.instance_type if profile else None
+    result.findings = sort_findings(fabric_findings(result, name, floor, profile.efa_interfaces if profile else 0))
+    if as_json:
+        print_json({**result.to_dict(), "instance_type": name, "floor_gbps": floor, "ok": not has_errors(result.findings)})
+    else:
+        table = Table(title=f"{result.backend}, {result.world_size} workers" + (f", {name}" if name else ""))
+        for column in ("op", "size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "method"):
+            table.add_column(column, justify="right" if "(" in column else "left")
+        for r in result.rows:
+            table.add_row(r.op, _bytes(r.bytes), f"{r.time_us:.1f}", f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}", r.method)
+        console.print(table)
+        _print_findings(result.findings)
+    _exit(result.findings)
+
+
+def _instance_profile(instance_type: str | None, strict: bool = True) -> Any:
+    if not instance_type:
+        return None
+    from trainlift.catalog import lookup
+    from trainlift.errors import SpecError
+
+    try:
+        return lookup(instance_type)
+    except SpecError:
+        if strict:
+            raise
+        return None
+
+
+def _read_log(path: Path) -> str:
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _print_findings(findings: list[Finding]) -> None:
+    with_node = any(f.node for f in findings)
+    table = Table(title="findings")
+    for column in ("severity", "node", "finding", "fix") if with_node else ("severity", "finding", "fix"):
+        table.add_column(column)
+    for f in findings:
+        cells = [f"[{_STYLE[f.severity]}]{f.severity}[/]", f.node or "", f.message, f.fix]
+        table.add_row(*(cells if with_node else cells[:1] + cells[2:]))
+    console.print(table)
+    counts = {s: sum(f.severity == s for f in findings) for s in _STYLE}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def _exit(findings: list[Finding]) -> None:
+    if has_errors(findings):
+        raise typer.Exit(1)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n}B"

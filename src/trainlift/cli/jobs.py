@@ -1,0 +1,240 @@
+"""`trainlift submit`, `trainlift jobs ...` and `trainlift local ...`: jobs on any Ray cluster."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from trainlift.cli.app import app, console, err_console, print_json
+from trainlift.errors import UsageError
+
+jobs_app = typer.Typer(help="List, inspect, follow and stop jobs on a Ray cluster.", no_args_is_help=True)
+local_app = typer.Typer(help="A persistent local Ray head (dashboard on loopback) for submit and train.",
+                        no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(local_app, name="local")
+
+ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `trainlift local up`)."
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at: float) -> tuple[str, float | None]:
+    from trainlift.ops import jobs
+
+    first_step_at: list[float] = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console, disable=quiet) as progress:
+        task = progress.add_task(job_id, total=total_steps, info="waiting for the first step…")
+
+        def on_line(line: str) -> None:
+            row = jobs.parse_progress(line)
+            if row is None:
+                if not quiet and line.strip():
+                    progress.console.print(line, markup=False, highlight=False)
+                return
+            if row.get("step") and not first_step_at:
+                first_step_at.append(time.time())
+            if "loss" in row:
+                progress.update(task, completed=row["step"], info=f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s")
+
+        status = jobs.follow(job_client, job_id, on_line)
+    return status, (first_step_at[0] - submitted_at) if first_step_at else None
+
+
+def _finish(job_client, job_id: str, status: str, json_out: bool, extra: dict) -> None:
+    from trainlift.ops import jobs
+
+    if json_out:
+        print_json({"submission_id": job_id, "status": status, **extra})
+    if status == "SUCCEEDED":
+        if not json_out:
+            console.print(f"job {job_id} [green]SUCCEEDED[/]")
+        return
+    for line in jobs.error_tail(job_client, job_id):
+        err_console.print(line, markup=False, highlight=False)
+    err_console.print(f"job {job_id} [red]{status}[/]")
+    raise typer.Exit(1)
+
+
+@app.command()
+def submit(
+    spec_file: Path = typer.Argument(..., help="Job spec inside the working directory, e.g. examples/tiny-local.yaml."),
+    address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+    set_: List[str] = typer.Option([], "--set", help="Override a spec field (repeatable)."),
+    follow: bool = typer.Option(True, "--follow/--detach", help="Stream logs and progress until the job ends."),
+    submission_id: Optional[str] = typer.Option(None, help="Job id (default: derived from run name and spec content)."),
+    pip: List[str] = typer.Option([], "--pip", help="Extra pip package for the job's environment (repeatable)."),
+    env: List[str] = typer.Option([], "--env", help="Environment variable K=V for the job (repeatable)."),
+    working_dir: Path = typer.Option(Path("."), help="Project directory shipped as the job's working_dir."),
+    exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
+    json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
+) -> None:
+    """Submit a job spec to a Ray cluster through the Job Submission API.
+
+    The project directory travels as working_dir (without .git, virtualenvs,
+    caches, runs and what .gitignore excludes) and trainlift itself in
+    py_modules. Submitting the same spec again attaches to the existing job.
+    Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
+    """
+    from trainlift.config.job import load_job_spec
+    from trainlift.ops import jobs, workdir
+
+    root = working_dir.resolve()
+    spec_path = spec_file.resolve()
+    if not spec_path.is_relative_to(root):
+        raise UsageError(f"{spec_file}: the spec must be inside the working directory {root}",
+                         hint="run from the project directory or pass --working-dir")
+    overrides = list(set_)
+    spec = load_job_spec(spec_path, overrides)
+    address = jobs.resolve_address(address)
+    extra = []
+    if not spec.is_remote_storage:
+        if not Path(spec.run.storage).is_absolute():
+            extra.append(f"/{spec.run.storage.strip('/')}/")
+            overrides.append(f"run.storage={root / spec.run.storage}")  # not inside the job's temporary copy
+        if not jobs.is_loopback(address):
+            err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
+                              "cluster needs s3://... or a shared volume for checkpoints")
+    plan = workdir.scan(root, list(exclude) + extra)
+    workdir.check_size(plan)
+    for name in plan.credentials:
+        err_console.print(f"[yellow]warning:[/] not uploading credential-like file {name}")
+    entry = jobs.entrypoint(spec_path.relative_to(root).as_posix(), overrides)
+    runtime_env = jobs.runtime_env(root, plan.excludes, list(pip), _parse_env(env))
+    job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
+    job_client = jobs.client(address)
+    submitted_at = time.time()
+    created = jobs.submit(job_client, job_id, entry, runtime_env, {"trainlift_run": spec.run.name})
+    if not json_out:
+        verb = "submitted" if created else "attached to existing"
+        console.print(f"{verb} job [bold]{job_id}[/] on {address} ({len(plan.files)} files, "
+                      f"{plan.total_bytes / 2**20:.1f} MiB)")
+    details = {"created": created, "address": address}
+    if not follow:
+        if json_out:
+            print_json({"submission_id": job_id, "status": str(job_client.get_job_status(job_id).value), **details})
+        else:
+            console.print(f"follow it: trainlift jobs logs {job_id} --follow --address {address}")
+        return
+    try:
+        status, to_first_step = _follow(job_client, job_id, spec.train.steps, json_out, submitted_at)
+    except KeyboardInterrupt:
+        err_console.print(f"detached; the job keeps running. Reattach: trainlift jobs logs {job_id} --follow; "
+                          f"stop: trainlift jobs stop {job_id}")
+        raise typer.Exit(130) from None
+    _finish(job_client, job_id, status, json_out, {**details, "time_to_first_step_s": to_first_step})
+
+
+@jobs_app.command("list")
+def jobs_list(address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+              json_out: bool = typer.Option(False, "--json")) -> None:
+    """Jobs on the cluster, newest first."""
+    from trainlift.ops import jobs
+
+    job_client = jobs.client(jobs.resolve_address(address))
+    rows = sorted((jobs.job_row(i) for i in job_client.list_jobs()), key=lambda r: -(r["start_time"] or 0))
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("id", "status", "entrypoint")
+    for row in rows:
+        table.add_row(row["id"], row["status"], row["entrypoint"])
+    console.print(table)
+
+
+@jobs_app.command("status")
+def jobs_status(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+                json_out: bool = typer.Option(False, "--json")) -> None:
+    """One job's status and message."""
+    from trainlift.ops import jobs
+
+    job_client = jobs.client(jobs.resolve_address(address))
+    try:
+        row = jobs.job_row(job_client.get_job_info(job_id))
+    except RuntimeError:
+        raise UsageError(f"no job {job_id!r} on this cluster", hint="trainlift jobs list") from None
+    if json_out:
+        print_json(row)
+    else:
+        console.print(f"{row['id']}: {row['status']}" + (f" — {row['message']}" if row["message"] else ""))
+
+
+@jobs_app.command("logs")
+def jobs_logs(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+              follow: bool = typer.Option(False, "--follow", help="Keep streaming until the job ends.")) -> None:
+    """A job's driver logs."""
+    from trainlift.ops import jobs
+
+    job_client = jobs.client(jobs.resolve_address(address))
+    if follow:
+        status = jobs.follow(job_client, job_id, lambda line: console.print(line, markup=False, highlight=False))
+        raise typer.Exit(0 if status == "SUCCEEDED" else 1)
+    console.print(job_client.get_job_logs(job_id), markup=False, highlight=False, end="")
+
+
+@jobs_app.command("stop")
+def jobs_stop(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+              json_out: bool = typer.Option(False, "--json")) -> None:
+    """Ask a running job to stop."""
+    from trainlift.ops import jobs
+
+    job_client = jobs.client(jobs.resolve_address(address))
+    stopped = job_client.stop_job(job_id)
+    if json_out:
+        print_json({"submission_id": job_id, "stop_requested": bool(stopped)})
+    else:
+        console.print(f"stop requested for {job_id}" if stopped else f"{job_id} was not running")
+
+
+@local_app.command("up")
+def local_up(port: int = typer.Option(8265, help="Dashboard port (loopback only)."),
+             num_cpus: Optional[int] = typer.Option(None, help="CPUs Ray may schedule (default: all)."),
+             json_out: bool = typer.Option(False, "--json")) -> None:
+    """Start a local Ray head bound to 127.0.0.1; submit and train then use it by default."""
+    from trainlift.ops import localray
+
+    state = localray.up(port=port, num_cpus=num_cpus)
+    if json_out:
+        print_json(state)
+    else:
+        verb = "started" if state["started"] else "already running"
+        console.print(f"local Ray head {verb}: dashboard {state['dashboard_url']}, GCS {state['gcs_address']}")
+
+
+@local_app.command("status")
+def local_status(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Whether the local head is running and its dashboard answers."""
+    from trainlift.ops import localray
+
+    state = localray.status()
+    if json_out:
+        print_json(state)
+    elif state["running"]:
+        console.print(f"running: dashboard {state['dashboard_url']} "
+                      f"({'reachable' if state['dashboard_reachable'] else 'not answering'})")
+    else:
+        console.print("not running (start it with `trainlift local up`)")
+    if not state["running"]:
+        raise typer.Exit(1)
+
+
+@local_app.command("down")
+def local_down() -> None:
+    """Stop the local head started by `trainlift local up`."""
+    from trainlift.ops import localray
+
+    console.print("stopped the local Ray head" if localray.down() else "no local Ray head was running")

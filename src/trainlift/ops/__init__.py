@@ -1,0 +1,1 @@
+"""Side effects: subprocesses and, later, lifecycle and job operations."""

@@ -1,0 +1,155 @@
+"""Ship a job spec to a Ray cluster through the Job Submission API, and follow it.
+
+The job runs `python -m trainlift train <spec>` in the cluster, with the
+project directory as its working_dir and trainlift itself in py_modules, so
+the cluster's image (e.g. the Ray Train DLC) is used unmodified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import trainlift
+from trainlift.errors import TrainliftError, UsageError
+from trainlift.ops import localray
+
+PROGRESS_PREFIX = "trainlift-progress "
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+PORT_FORWARD_HINT = ("for a cluster on EKS: kubectl port-forward svc/<cluster>-head-svc 8265:8265 and use "
+                     "http://localhost:8265; for this machine: trainlift local up")
+
+
+def resolve_address(address: str | None) -> str:
+    """--address, else RAY_ADDRESS, else the head from `trainlift local up`."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        state = localray.read_state()
+        if state is None:
+            raise UsageError("no Ray address", hint="pass --address http://HEAD:8265, set RAY_ADDRESS, or run "
+                                                    "`trainlift local up`")
+        address = state["dashboard_url"]
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def is_loopback(address: str) -> bool:
+    host = address.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast with one line: the SDK's own retries take far longer on a dead address."""
+    if localray.dashboard_up(address, timeout=timeout):
+        return
+    raise TrainliftError(f"cannot reach the Ray dashboard at {address}", hint=PORT_FORWARD_HINT)
+
+
+def auth_headers() -> dict[str, str]:
+    """Ray's token authentication: RAY_AUTH_TOKEN, else the file at RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+        token = path.read_text().strip() if path.is_file() else None
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK logs every upload step at INFO
+    check_reachable(address)
+    try:
+        return JobSubmissionClient(address, headers=auth_headers())
+    except Exception as exc:  # noqa: BLE001 - the SDK raises several types; show its first line only
+        raise TrainliftError(f"the Ray dashboard at {address} refused the connection: {str(exc).splitlines()[0]}",
+                             hint="set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
+
+
+def submission_id(run_name: str, spec_text: str, entrypoint: str, runtime_env: dict[str, Any]) -> str:
+    """Same spec and options, same id: a resubmission attaches instead of starting a second job."""
+    payload = json.dumps({"spec": spec_text, "entrypoint": entrypoint,
+                          "env": {k: v for k, v in runtime_env.items() if k != "working_dir"}}, sort_keys=True)
+    return f"trainlift-{run_name}-{hashlib.sha256(payload.encode()).hexdigest()[:10]}"
+
+
+def entrypoint(spec_path: str, overrides: list[str]) -> str:
+    args = ["python", "-m", "trainlift", "train", spec_path]
+    for override in overrides:
+        args += ["--set", override]
+    return shlex.join(args)
+
+
+def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "working_dir": str(working_dir),
+        "excludes": excludes,
+        "py_modules": [str(Path(trainlift.__file__).parent)],
+        "env_vars": {"PYTHONUNBUFFERED": "1", **env_vars},
+    }
+    if pip:
+        env["pip"] = pip
+    return env
+
+
+def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> bool:
+    """Submit unless a job with this id exists; returns whether a new job was created."""
+    try:
+        job_client.get_job_info(sub_id)
+        return False
+    except RuntimeError:
+        pass
+    job_client.submit_job(entrypoint=entry, submission_id=sub_id, runtime_env=env, metadata=metadata)
+    return True
+
+
+def follow(job_client, job_id: str, on_line: Callable[[str], None]) -> str:
+    """Stream the job's log lines until it ends; returns its final status."""
+
+    async def tail() -> None:
+        buffer = ""
+        async for chunk in job_client.tail_job_logs(job_id):
+            buffer += chunk
+            *lines, buffer = buffer.split("\n")
+            for line in lines:
+                on_line(line)
+        if buffer:
+            on_line(buffer)
+
+    asyncio.run(tail())
+    status = str(job_client.get_job_status(job_id).value)
+    while status not in TERMINAL:  # the log stream can close a moment before the status settles
+        time.sleep(0.5)
+        status = str(job_client.get_job_status(job_id).value)
+    return status
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    index = line.find(PROGRESS_PREFIX)
+    if index < 0:
+        return None
+    try:
+        return json.loads(line[index + len(PROGRESS_PREFIX):])
+    except json.JSONDecodeError:
+        return None
+
+
+def error_tail(job_client, job_id: str, lines: int = 15) -> list[str]:
+    info = job_client.get_job_info(job_id)
+    logs = job_client.get_job_logs(job_id).strip().splitlines()
+    tail = [line for line in logs if not line.startswith(PROGRESS_PREFIX)][-lines:]
+    return ([info.message] if info.message else []) + tail
+
+
+def job_row(info) -> dict[str, Any]:
+    return {"id": info.submission_id or info.job_id, "status": str(info.status.value), "entrypoint": info.entrypoint,
+            "start_time": info.start_time, "end_time": info.end_time, "message": info.message,
+            "metadata": info.metadata or {}}

@@ -1,0 +1,148 @@
+"""A persistent local Ray head with its dashboard, bound to loopback, for `submit` and `train`.
+
+`up` starts `ray start --head --block` in its own process group and records
+it in $TRAINLIFT_HOME/local.json (default ~/.trainlift); `down` ends that
+process group only, never other Ray instances on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainlift.errors import TrainliftError
+
+LOOPBACK = "127.0.0.1"
+
+
+def state_file() -> Path:
+    return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "local.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dashboard_up(url: str, timeout: float = 2.0) -> bool:
+    """The dashboard answers (401 counts: Ray's token authentication is on, and the SDK sends the token)."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/version", timeout=timeout) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
+    except OSError:
+        return False
+
+
+def read_state() -> dict[str, Any] | None:
+    """The recorded head, if its process is still alive."""
+    path = state_file()
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text())
+    return state if _alive(state["pid"]) else None
+
+
+def status() -> dict[str, Any]:
+    state = read_state()
+    if state is None:
+        return {"running": False}
+    return {"running": True, "dashboard_reachable": dashboard_up(state["dashboard_url"]), **state}
+
+
+def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> dict[str, Any]:
+    """Start the head unless one is recorded and alive; returns its record."""
+    existing = read_state()
+    if existing is not None:
+        return {**existing, "started": False}
+    ray_cli = Path(sys.executable).with_name("ray")
+    gcs_port = _free_port()
+    cmd = [str(ray_cli), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
+           f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}", "--disable-usage-stats",
+           f"--ray-client-server-port={_free_port()}"]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    log_path = state_file().with_name("local-head.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # Jobs run `python ...`: let that be this interpreter, which has trainlift and its dependencies.
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    url = f"http://{LOOPBACK}:{port}"
+    deadline = time.monotonic() + wait_s
+    while not dashboard_up(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            raise TrainliftError(f"the local Ray head did not come up on {url}: {' | '.join(tail)}",
+                                 hint=f"is port {port} free? try --port; full log: {log_path}")
+        time.sleep(1)
+    state = {"pid": proc.pid, "gcs_address": f"{LOOPBACK}:{gcs_port}", "dashboard_url": url, "started_at": time.time()}
+    state_file().write_text(json.dumps(state, indent=2))
+    return {**state, "started": True}
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def _kill_group(pgid: int, grace_s: float = 8.0) -> None:
+    """SIGTERM, then SIGKILL after a grace period (a head drains for up to 30 s otherwise)."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pgid, os.WNOHANG)  # reap the leader if this process started it
+        except ChildProcessError:
+            pass
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.5)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def down() -> bool:
+    """Stop the recorded head; returns whether one was running."""
+    state = read_state()
+    state_file().unlink(missing_ok=True)
+    if state is None:
+        return False
+    _kill_group(state["pid"])
+    return True

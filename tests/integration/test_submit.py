@@ -1,0 +1,140 @@
+"""`submit`, `jobs` and `local` against a real local Ray head with its dashboard (Jobs API over HTTP)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("tlhome")
+
+
+def cli(home, *args, cwd=None, timeout=300):
+    env = {**os.environ, "TRAINLIFT_HOME": str(home), "RAY_ADDRESS": ""}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "trainlift", *args], capture_output=True, text=True, cwd=cwd,
+                            env=env, timeout=timeout)
+    result.elapsed = time.monotonic() - started
+    return result
+
+
+@pytest.fixture(scope="module")
+def head(home):
+    """`trainlift local up` on a free loopback port; `local down` afterwards."""
+    up = cli(home, "local", "up", "--port", str(free_port()), "--num-cpus", "4", "--json")
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    yield state
+    assert cli(home, "local", "down").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def project(tiny_assets, tmp_path_factory):
+    """A small project directory: spec, data, model, plus things that must not be uploaded."""
+    root = tmp_path_factory.mktemp("project")
+    shutil.copytree(tiny_assets / "model", root / "model")
+    shutil.copy(tiny_assets / "train.jsonl", root / "train.jsonl")
+    spec = {"model": {"path": "model"}, "data": {"train": "train.jsonl", "seq_len": 64},
+            "train": {"steps": 6, "micro_batch_size": 2, "warmup_steps": 1},
+            "checkpoint": {"every_steps": 3}, "run": {"name": "sub", "storage": "runs"}}
+    (root / "job.yaml").write_text(yaml.safe_dump(spec))
+    (root / ".git").mkdir()
+    (root / ".git" / "big.pack").write_bytes(b"x" * 2_000_000)
+    (root / "runs" / "old").mkdir(parents=True)
+    (root / "runs" / "old" / "leftover.bin").write_bytes(b"x" * 1000)
+    return root
+
+
+def test_local_status_reports_the_head(home, head):
+    result = cli(home, "local", "status", "--json")
+    status = json.loads(result.stdout)
+    assert result.returncode == 0 and status["running"] and status["dashboard_reachable"]
+    assert status["dashboard_url"].startswith("http://127.0.0.1:")
+
+
+def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project):
+    result = cli(home, "submit", "job.yaml", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["status"] == "SUCCEEDED" and report["created"] and report["time_to_first_step_s"] > 0
+    job_id = report["submission_id"]
+    assert (project / "runs" / "sub" / "final" / "config.json").is_file()  # storage on the submitting side
+
+    listed = json.loads(cli(home, "jobs", "list", "--json").stdout)
+    assert job_id in [row["id"] for row in listed]
+    status = json.loads(cli(home, "jobs", "status", job_id, "--json").stdout)
+    assert status["status"] == "SUCCEEDED"
+    logs = cli(home, "jobs", "logs", job_id).stdout
+    assert "trainlift-progress" in logs and '"step": 6' in logs
+
+
+def test_uploads_skip_git_and_run_directories(home, head, project):
+    """The job lists its own working directory: neither .git nor runs/ travelled."""
+    from trainlift.ops import jobs, workdir
+
+    client = jobs.client(head["dashboard_url"])
+    env = jobs.runtime_env(project, workdir.scan(project, ["/runs/"]).excludes, [], {})
+    job_id = client.submit_job(entrypoint="python -c \"import os; print(sorted(os.listdir('.')))\"", runtime_env=env)
+    deadline = time.monotonic() + 120
+    while str(client.get_job_status(job_id).value) not in jobs.TERMINAL and time.monotonic() < deadline:
+        time.sleep(1)
+    listing = client.get_job_logs(job_id)
+    assert "job.yaml" in listing and ".git" not in listing and "'runs'" not in listing
+
+
+def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_is_a_new_job(home, head, project):
+    first = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=400",
+                           cwd=project).stdout)
+    again = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=400",
+                           cwd=project).stdout)
+    assert first["created"] and not again["created"] and again["submission_id"] == first["submission_id"]
+    other = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=401",
+                           cwd=project).stdout)
+    assert other["submission_id"] != first["submission_id"]
+
+    for job_id in (first["submission_id"], other["submission_id"]):
+        stop = cli(home, "jobs", "stop", job_id, "--json")
+        assert stop.returncode == 0 and json.loads(stop.stdout)["stop_requested"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = json.loads(cli(home, "jobs", "status", first["submission_id"], "--json").stdout)["status"]
+        if status == "STOPPED":
+            break
+        time.sleep(2)
+    assert status == "STOPPED"
+
+
+def test_a_failing_job_exits_1_with_its_error_lines(home, head, project):
+    (project / "broken.jsonl").write_text('{"messages": []}\n{oops\n')
+    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", cwd=project)
+    assert result.returncode == 1
+    assert "broken.jsonl:1: no assistant message" in result.stderr and "FAILED" in result.stderr
+
+
+def test_oversized_working_directory_is_refused_before_upload(home, project, tmp_path):
+    big = tmp_path / "bigproject"
+    shutil.copytree(project, big, ignore=shutil.ignore_patterns(".git", "runs"))
+    (big / "weights.bin").write_bytes(b"\0" * (101 * 2**20))
+    result = cli(home, "submit", "job.yaml", "--address", "http://127.0.0.1:9", cwd=big)
+    assert result.returncode == 2
+    assert "over the 100 MiB upload limit; largest files: weights.bin" in result.stderr
+
+
+def test_unreachable_address_fails_fast_with_a_hint(home, project):
+    result = cli(home, "submit", "job.yaml", "--address", f"http://127.0.0.1:{free_port()}", cwd=project)
+    assert result.returncode == 1 and result.elapsed <= 15
+    assert "cannot reach the Ray dashboard" in result.stderr and "port-forward" in result.stderr
