@@ -92,3 +92,14 @@ def test_checkpoint_reshards_to_a_different_worker_count(uninterrupted, tiny_spe
     got, want = losses(Path(resuming.run_uri)), losses(ref_dir)
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+def test_doctor_refuses_to_train_on_a_broken_stack_unless_skipped(tiny_spec):
+    """expect_fabric=efa on a machine with no EFA device: the workers' stack check stops the run."""
+    from trainlift.errors import TrainliftError
+
+    spec = tiny_spec("run.name=doctor", "scaling.expect_fabric=efa", "train.steps=2", "checkpoint.every_steps=0")
+    with pytest.raises(TrainliftError, match="trainlift doctor found .* error"):
+        run_training(spec)
+    summary = run_training(spec, skip_doctor=True)
+    assert summary["finished"] and summary["steps"] == 2

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainlift.doctor.preflight import own_nccl_log
 from trainlift.doctor.fabric import (
     EMULATED_RS,
-    _own_nccl_log,
     FabricResult,
     FabricRow,
     busbw_factor,
@@ -83,15 +83,15 @@ def test_emulated_rows_are_labelled():
     assert any(f.rule == "fabric_method" for f in fabric_findings(r, None, None))
 
 
-def test_a_worker_collects_only_its_own_nccl_log(tmp_path):
+def test_a_worker_collects_only_itsown_nccl_log(tmp_path):
     prefix = str(tmp_path / "nccl")
     mine = tmp_path / f"nccl.ip-10-0-0-1.{os.getpid()}.log"
     mine.write_text("ip-10-0-0-1:1:1 [0] NCCL INFO Using network Libfabric\n")
     other = tmp_path / f"nccl.ip-10-0-0-1.{os.getpid() + 1}.log"
     other.write_text("someone else\n")
-    assert _own_nccl_log(prefix) == "ip-10-0-0-1:1:1 [0] NCCL INFO Using network Libfabric\n"
+    assert own_nccl_log(prefix) == "ip-10-0-0-1:1:1 [0] NCCL INFO Using network Libfabric\n"
     assert not mine.exists() and other.exists()
-    assert _own_nccl_log(None) == ""
+    assert own_nccl_log(None) == ""
 
 
 def _emulated_worker(rank: int, world: int, store: str, out: dict) -> None:

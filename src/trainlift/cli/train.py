@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from trainlift.cli.app import app, console, print_json
+from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.config.job import load_job_spec
 from trainlift.ops.jobs import PROGRESS_PREFIX
 
@@ -32,6 +32,7 @@ def train(
     address: Optional[str] = typer.Option(
         None, help="Ray cluster to attach to (default: RAY_ADDRESS, else the `trainlift local up` head, else an embedded local Ray)."),
     stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step; rerun to resume."),
+    skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Train even when the workers' stack checks fail."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
@@ -48,6 +49,9 @@ def train(
     if run_dir is not None:
         overrides.append(f"run.storage={run_dir}")
     spec = load_job_spec(spec_file, overrides)
+    if skip_doctor:
+        err_console.print("[bold yellow]WARNING: --skip-doctor: the workers' stack and transport checks are OFF; "
+                          "a broken EFA/NCCL setup will train slowly or fail late[/]")
     if address is None and not os.environ.get("RAY_ADDRESS"):
         from trainlift.ops import localray
 
@@ -74,7 +78,8 @@ def train(
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
                 progress.update(task, completed=row["step"], info=note)
 
-        summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step, on_update=on_update)
+        summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step,
+                               skip_doctor=skip_doctor, on_update=on_update)
 
     if json_out:
         print_json(summary)

@@ -65,6 +65,8 @@ class ScalingSection(_Section):
     workers: int | Literal["auto"] = Field(2, description="Ray Train workers; auto: one per GPU in the cluster.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpus_per_worker: int = Field(1, gt=0)
+    expect_fabric: Literal["any", "efa", "socket"] = Field(
+        "any", description="efa: refuse to train when NCCL across nodes does not use EFA.")
 
     @field_validator("workers")
     @classmethod

@@ -11,8 +11,6 @@ all_reduce and algbw * (n-1)/n for all_gather and reduce_scatter.
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 import tempfile
 import time
@@ -21,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainlift.doctor.nccl_log import LogVerdict, classify_log_text
+from trainlift.doctor.preflight import own_nccl_log
 from trainlift.doctor.rules import Finding
 from trainlift.errors import TrainliftError, UsageError
 
@@ -99,7 +98,7 @@ def bench_worker(config: dict) -> None:
     for op in config["ops"]:
         for size in config["sizes"]:
             rows.append(asdict(_time_op(op, size, device, config["iters"], config["warmup"])))
-    logs = _own_nccl_log(config.get("nccl_log_prefix"))
+    logs = own_nccl_log(config.get("nccl_log_prefix"))
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, logs)
     if dist.get_rank() == 0:
@@ -195,20 +194,6 @@ def _sync(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _own_nccl_log(prefix: str | None) -> str:
-    if not prefix:
-        return ""
-    text = []
-    for path in glob.glob(f"{prefix}.*.{os.getpid()}.log"):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                text.append(fh.read())
-            os.unlink(path)
-        except OSError:
-            continue
-    return "".join(text)
 
 
 # --- on the driver

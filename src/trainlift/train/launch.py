@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pyarrow.fs as pafs
 from trainlift.config.job import JobSpec
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.train import data
+from trainlift.train.preflight import NCCL_LOG_ENV
 from trainlift.train.model import build_config, load_tokenizer, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
@@ -112,7 +114,7 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                                  hint="check the address, or drop --address to run on an embedded local Ray") from None
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     return True
 
 
@@ -176,6 +178,7 @@ def run_training(
     address: str | None = None,
     workers: int | None = None,
     stop_at_step: int | None = None,
+    skip_doctor: bool = False,
     on_update: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
@@ -194,12 +197,17 @@ def run_training(
     stop = threading.Event()
     try:
         scaling, use_gpu = scaling_for(spec, workers)
+        nccl_log_prefix, nccl_env = None, {}
+        if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
+            nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
+            nccl_env = {**NCCL_LOG_ENV, "NCCL_DEBUG_FILE": f"{nccl_log_prefix}.%h.%p.log"}
         board = _progress_board()
         poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
         poller.start()
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step},
+            train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
+                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix},
             scaling_config=scaling,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=RunConfig(
@@ -207,6 +215,7 @@ def run_training(
                 storage_path=spec.run.storage,
                 failure_config=FailureConfig(max_failures=spec.run.max_failures),
                 checkpoint_config=CheckpointConfig(num_to_keep=None),
+                worker_runtime_env={"env_vars": nccl_env},
             ),
         )
         try:
@@ -228,7 +237,11 @@ def run_training(
 
 
 def _root_cause(exc: BaseException) -> str:
+    """The innermost error's own message, out of Ray's wrapping and the remote traceback."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    if starts:
+        return re.sub(r"^[\w.]+: ", "", " ".join(lines[starts[-1]:]))
     return lines[-1] if lines else type(exc).__name__

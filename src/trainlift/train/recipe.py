@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, metrics
+from trainlift.train import checkpoint, data, metrics, preflight
 from trainlift.train.model import apply_fsdp, flops_per_token, load_model, load_tokenizer
 
 
@@ -149,6 +149,8 @@ def train_loop_per_worker(config: dict) -> None:
     bf16 = spec.model.dtype == "bf16" or (spec.model.dtype == "auto" and device.type == "cuda")
     storage = ctx.get_storage()
     fs, run_path = storage.storage_filesystem, storage.experiment_fs_path
+    if not config.get("skip_doctor"):
+        preflight.check_stack(spec.scaling.expect_fabric)
 
     tokenizer = load_tokenizer(spec.model)
     train_data = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
@@ -165,6 +167,8 @@ def train_loop_per_worker(config: dict) -> None:
         optimizer, lr_lambda(spec.train.warmup_steps, spec.train.steps, spec.train.min_lr_ratio))
     step, cursor, resumed_from = resume(fs, run_path, model, optimizer, scheduler, rank)
     dist.barrier()
+    if config.get("nccl_log_prefix") and ctx.get_local_world_size() < world:  # NCCL over the network
+        preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)
 
     sink = metrics.JsonlSink(fs, f"{run_path}/metrics.jsonl") if rank == 0 else metrics.NullSink()
     peak = metrics.device_peak_flops(device)

@@ -1,0 +1,90 @@
+"""`trainlift capacity`: can this region run N of an instance type, and in which AZ."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich import box
+from rich.table import Table
+
+from trainlift.cli.app import app, console, print_json
+from trainlift.errors import UsageError
+
+
+_LABELS = {
+    "offered": "offered AZs", "quota_vcpus": "vCPU quota", "vcpus_in_use": "vCPUs in use",
+    "reservations": "capacity reservations", "spot_scores": "spot placement scores",
+}
+
+
+def _cell(value: object, unknown: str = "?") -> str:
+    return unknown if value is None else str(value)
+
+
+@app.command("capacity")
+def capacity(
+    instance_type: str = typer.Argument(..., metavar="INSTANCE_TYPE", help="EC2 instance type, e.g. g6.12xlarge."),
+    region: str = typer.Option(..., "--region", "-r", help="AWS region, e.g. us-east-2."),
+    count: int = typer.Option(2, "--count", "-n", min=1, help="Instances you need in one AZ."),
+    json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
+) -> None:
+    """Check before spending money: can this region run COUNT of a type, and in which AZ.
+
+    Reports the AZs that offer the type, its GPUs and EFA interfaces, the on-demand vCPU quota of its family against vCPUs already running, capacity reservations and spot placement scores; then the AZ to use and why, or what is missing with the command that fixes it.
+
+    Uses the standard AWS configuration (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL, ...). An API your credentials may not call is shown as unknown. Exits 1 when capacity is known to be missing.
+
+    Example: trainlift capacity g6.12xlarge --region us-east-2 --count 2
+    """
+    from trainlift.cloud.aws import Aws, check_region
+    from trainlift.cloud.capacity import assess
+
+    if "." not in instance_type:
+        raise UsageError(f"{instance_type!r} is not an EC2 instance type", hint="e.g. g6.12xlarge")
+    check_region(region)
+    aws = Aws(region)
+    aws.identity()
+    report = assess(aws.capacity(instance_type, count))
+    if json_out:
+        print_json(report.to_dict())
+    else:
+        _print(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _print(report) -> None:
+    f, info = report.facts, report.facts.info
+    gpus = f"{info.gpus}x {info.gpu_model} ({info.gpu_memory_mib / 1024:.0f} GiB each)" if info.gpus else "none"
+    efa = f"supported, up to {info.efa_interfaces} interface(s)" if info.efa_supported else "not supported"
+    console.print(f"[bold]{info.instance_type}[/] in [bold]{f.region}[/], {f.count} instance(s)", highlight=False)
+    console.print(f"  GPUs     {gpus}\n  vCPUs    {info.vcpus} each, {report.needed_vcpus} for {f.count}\n"
+                  f"  EFA      {efa}", highlight=False)
+    if f.quota is None:
+        quota = "no on-demand vCPU quota known for this family"
+    elif report.free_vcpus is not None:
+        quota = f"{f.quota.name} ({f.quota.code}): {f.quota_vcpus:g} vCPUs, {report.free_vcpus:g} free"
+    else:
+        quota = (f"{f.quota.name} ({f.quota.code}): unknown; check it with `aws service-quotas get-service-quota "
+                 f"--service-code ec2 --quota-code {f.quota.code} --region {f.region}`")
+    console.print(f"  quota    {quota}", highlight=False)
+    in_use = "unknown" if "vcpus_in_use" in report.unknown else f"{f.vcpus_in_use} vCPUs of this family running"
+    console.print(f"  in use   {in_use}", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("AZ", "zone id", "offered", "reserved", "spot score"):
+        table.add_column(column, justify="left" if column in ("AZ", "zone id") else "right")
+    for row in report.rows:
+        offered = {True: "yes", False: "no", None: "?"}[row.offered]
+        table.add_row(row.zone, row.zone_id, offered, _cell(row.reserved), _cell(row.spot_score, "-"))
+    console.print(table)
+    for key, why in report.unknown.items():
+        console.print(f"  [yellow]unknown[/] {_LABELS.get(key, key)}: {why}", highlight=False)
+    if report.recommended:
+        console.print(f"[green]recommended AZ: {report.recommended}[/] ({report.reason})", highlight=False)
+    for problem in report.problems:
+        console.print(f"[bold red]missing:[/] {problem}", highlight=False)
+    for fix in report.fixes:
+        console.print(f"  fix: {fix}", highlight=False)
+    if not report.recommended and not report.problems:
+        console.print(f"[yellow]no AZ recommended:[/] {report.reason}", highlight=False)

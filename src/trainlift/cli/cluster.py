@@ -1,0 +1,180 @@
+"""`trainlift cluster up | status | down`: one planned, resumable operation on EKS."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from trainlift.cli.app import app, console, err_console, print_json
+from trainlift.errors import TrainliftError, UsageError
+
+cluster_app = typer.Typer(
+    help="The EKS cluster of a cluster spec: plan first, then apply; re-running continues where it stopped.",
+    no_args_is_help=True,
+)
+app.add_typer(cluster_app, name="cluster")
+
+SPEC = typer.Argument(..., metavar="CLUSTER_SPEC", help="Cluster spec (YAML), e.g. examples/cluster-reference.yaml.")
+DIR = typer.Option(None, "--dir", help="Where the rendered files and kubeconfig go (default .trainlift/<name>/).")
+JSON = typer.Option(False, "--json", help="Print the plan (observations, actions, commands) as JSON.")
+_MARK = {"nothing": "dim", "blocked": "bold red", "wait": "yellow", "check": "cyan"}
+
+
+def _load(path: Path):
+    from trainlift.cli.render import _read
+    from trainlift.config.cluster import cluster_spec_from_yaml
+
+    return cluster_spec_from_yaml(_read(path), source=str(path))
+
+
+def print_plan(plan, header: str) -> None:
+    todo = len(plan.todo)
+    console.print(f"[bold]{header}[/]: {len(plan.steps)} steps, {todo} with work to do", highlight=False)
+    for i, step in enumerate(plan.steps, 1):
+        style = _MARK.get(step.action, "bold green")
+        console.print(f"{i:>2}. {step.title}", highlight=False)
+        console.print(f"    observed: {step.observed}  ->  [{style}]{step.action}[/]", highlight=False)
+        if step.note:
+            console.print(f"    {step.note}", highlight=False, style="red" if step.action == "blocked" else None)
+        for op in step.ops:
+            console.print(f"    $ {op.text()}", highlight=False, soft_wrap=True)
+        if step.fix:
+            console.print(f"    fix: {step.fix}", highlight=False, soft_wrap=True)
+
+
+def _capacity_lines(prepared) -> None:
+    for name, p in prepared.placements.items():
+        where = p.zone or "no AZ"
+        console.print(f"capacity  {name}: {where} ({p.blocking or p.reason})", highlight=False)
+
+
+def _confirm(yes: bool, what: str) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{what} needs confirmation", hint="pass --yes to apply without a prompt")
+    if not typer.confirm(f"{what}?", default=False):
+        raise TrainliftError("nothing applied")
+
+
+def _apply(prepared, plan, json_out: bool) -> None:
+    from trainlift.ops.lifecycle import apply
+
+    out = err_console if json_out else console
+
+    def on_step(step) -> None:
+        out.print(f"[bold]==>[/] {step.title}: {step.action}", highlight=False)
+
+    done = apply(prepared, plan, echo=lambda line: out.print(f"    {line}", highlight=False, markup=False),
+                 on_step=on_step)
+    if json_out:
+        print_json({**plan.to_dict(), "applied": done})
+    else:
+        console.print(f"[green]done[/]: {len(done)} steps applied", highlight=False)
+
+
+@cluster_app.command("up")
+def up(
+    spec_path: Path = SPEC,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, its commands and the files; change nothing."),
+    show_files: bool = typer.Option(False, "--show-files", help="Also print every rendered file."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
+    root: Optional[str] = DIR,
+    json_out: bool = JSON,
+) -> None:
+    """Bring the cluster up, or continue bringing it up after any failure.
+
+    Steps: control plane, node groups (AZ from the capacity check unless pinned), NVIDIA and EFA device plugins, KubeRay, namespace and service account, the RayCluster; then waits for the head, the workers and every node's GPUs and EFA, and runs `trainlift doctor`.
+
+    The plan is printed first: each step with what was observed and what will be done. A step that cannot succeed (no capacity, a quota shortfall, a cluster being deleted) blocks the plan before anything is created.
+
+    Example: trainlift cluster up examples/cluster-reference.yaml --dry-run
+    """
+    from trainlift.ops.lifecycle import prepare
+    from trainlift.ops.plan import plan_up
+
+    spec = _load(spec_path)
+    prepared = prepare(spec, root, write=True)
+    plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files)
+    if json_out and (dry_run or plan.blocked):
+        print_json({**plan.to_dict(), "files": prepared.written})
+    elif not json_out:
+        _capacity_lines(prepared)
+        print_plan(plan, f"cluster up {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
+        if prepared.written:
+            console.print(f"files in {prepared.files.root}/: " + ", ".join(
+                str(Path(p).relative_to(prepared.files.root)) for p in prepared.written), highlight=False)
+        for path in prepared.written if show_files else ():
+            console.rule(path)
+            console.print(Path(path).read_text(), highlight=False, markup=False, soft_wrap=True)
+    if plan.blocked:
+        first = plan.blocked[0]
+        raise TrainliftError(f"blocked at {first.title}: {first.note}", hint=first.fix or None)
+    if dry_run:
+        return
+    _confirm(yes, f"apply {len(plan.todo)} steps to {spec.name}")
+    _apply(prepared, plan, json_out)
+
+
+@cluster_app.command("status")
+def status(spec_path: Path = SPEC, root: Optional[str] = DIR, json_out: bool = JSON) -> None:
+    """Observe the cluster without acting: each step of `up`, what exists now, what `up` would do.
+
+    A missing kubectl or helm shows as unknown, with how to install it.
+
+    Example: trainlift cluster status examples/cluster-reference.yaml --json
+    """
+    from trainlift.ops.lifecycle import prepare
+    from trainlift.ops.plan import plan_up
+
+    spec = _load(spec_path)
+    prepared = prepare(spec, root, write=False)
+    plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files)
+    if json_out:
+        data = plan.to_dict()
+        data["verb"] = "status"
+        data["unknown"] = prepared.seen.unknown
+        print_json(data)
+        return
+    _capacity_lines(prepared)
+    print_plan(plan, f"cluster status {spec.name} ({spec.region}); actions are what `up` would do")
+    for area, why in prepared.seen.unknown.items():
+        console.print(f"[yellow]unknown[/] {area}: {why}", highlight=False)
+
+
+@cluster_app.command("down")
+def down(
+    spec_path: Path = SPEC,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+    keep_control_plane: bool = typer.Option(
+        False, "--keep-control-plane", help="Delete the RayCluster and node groups, keep the control plane."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; delete nothing."),
+    root: Optional[str] = DIR,
+    json_out: bool = JSON,
+) -> None:
+    """Take the cluster down in reverse order: RayCluster, worker node groups, system node group, control plane.
+
+    Idempotent: what is already gone is skipped; re-run after any failure.
+
+    Example: trainlift cluster down examples/cluster-reference.yaml --keep-control-plane --yes
+    """
+    from trainlift.ops.lifecycle import prepare
+    from trainlift.ops.plan import plan_down
+
+    spec = _load(spec_path)
+    prepared = prepare(spec, root, write=False, for_up=False)
+    plan = plan_down(prepared.spec, prepared.seen, prepared.files, keep_control_plane)
+    if json_out and (dry_run or plan.blocked or not plan.todo):
+        print_json(plan.to_dict())
+    elif not json_out:
+        print_plan(plan, f"cluster down {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
+    if plan.blocked:
+        first = plan.blocked[0]
+        raise TrainliftError(f"blocked at {first.title}: {first.note}", hint=first.fix or None)
+    if dry_run or not plan.todo:
+        return
+    _confirm(yes, f"delete {len(plan.todo)} parts of {spec.name}")
+    _apply(prepared, plan, json_out)

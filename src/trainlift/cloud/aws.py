@@ -1,0 +1,321 @@
+"""Every AWS call trainlift makes: capacity facts (EC2, Service Quotas) and EKS state.
+
+boto3 is imported lazily, and every client takes the standard AWS configuration
+(profiles, AWS_REGION, AWS_ENDPOINT_URL, AWS_MAX_ATTEMPTS, ...). Credentials that are
+missing or rejected are one clear error. An API that is not permitted, not offered
+in the region or not implemented by the endpoint is `Unknown(reason)`, not a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, TypeVar
+
+from trainlift.cloud.capacity import (
+    CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for,
+)
+from trainlift.errors import TrainliftError, UsageError
+
+T = TypeVar("T")
+
+_REJECTED = {
+    "AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId", "SignatureDoesNotMatch",
+    "IncompleteSignature", "InvalidAccessKeyId", "ExpiredToken", "ExpiredTokenException", "RequestExpired",
+}
+_CREDENTIALS_HINT = "set AWS_PROFILE, run `aws configure` or `aws sso login`, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+
+
+class CredentialsError(TrainliftError):
+    """No usable AWS credentials."""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    status: str
+    version: str | None
+    endpoint: str | None
+    ca_data: str | None
+
+
+@dataclass(frozen=True)
+class NodeGroupInfo:
+    name: str
+    status: str
+    desired: int | None
+    instance_types: tuple[str, ...]
+    zones: tuple[str, ...]
+    issues: tuple[str, ...] = ()
+
+
+def known_regions() -> set[str]:
+    import boto3
+
+    session = boto3.session.Session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return regions
+
+
+def check_region(region: str) -> None:
+    if region not in known_regions():
+        raise UsageError(
+            f"unknown AWS region {region!r}",
+            hint="e.g. us-east-1, us-east-2, us-west-2; `aws ec2 describe-regions` lists the regions enabled for you",
+        )
+
+
+def _code(exc: Exception) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", "") or type(exc).__name__
+
+
+def _message(exc: Exception) -> str:
+    response = getattr(exc, "response", {}) or {}
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", 0)
+    text = (response.get("Error") or {}).get("Message") or str(exc)
+    if status >= 500 or "<html" in text.lower() or "Unable to parse response" in text:
+        return f"the endpoint failed{f' with HTTP {status}' if status else ''} (the API may not be implemented there)"
+    return " ".join(text.split())[:300]
+
+
+def _fatal(exc: Exception, what: str) -> Exception | None:
+    """The user-facing error for credential and connection failures; None for other API errors."""
+    from botocore import exceptions as bce
+
+    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        return CredentialsError("no AWS credentials found", hint=_CREDENTIALS_HINT)
+    unloadable = tuple(getattr(bce, n) for n in ("TokenRetrievalError", "SSOError", "ProfileNotFound") if hasattr(bce, n))
+    if isinstance(exc, unloadable):
+        return CredentialsError(f"AWS credentials could not be loaded ({exc})", hint=_CREDENTIALS_HINT)
+    if isinstance(exc, bce.ClientError) and _code(exc) in _REJECTED:
+        return CredentialsError(f"AWS rejected the credentials ({_code(exc)}: {_message(exc)})", hint=_CREDENTIALS_HINT)
+    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError)):
+        return TrainliftError(f"{what}: cannot reach AWS ({exc})", hint="check the network, the region and AWS_ENDPOINT_URL")
+    return None
+
+
+class Aws:
+    """The AWS API of one region; clients are made on first use and kept."""
+
+    def __init__(self, region: str):
+        self.region = region
+        self._clients: dict[str, Any] = {}
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(connect_timeout=10, read_timeout=30)
+            self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=config)
+        return self._clients[service]
+
+    def _fail(self, what: str, exc: Exception) -> NoReturn:
+        fatal = _fatal(exc, what)
+        if fatal is not None:
+            raise fatal from None
+        if _is_api_error(exc):
+            raise TrainliftError(f"{what} in {self.region} failed: {_code(exc)}: {_message(exc)}") from None
+        raise exc
+
+    def _required(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except Exception as exc:
+            self._fail(what, exc)
+
+    def _optional(self, what: str, call: Callable[[], T]) -> T | Unknown:
+        try:
+            return call()
+        except Exception as exc:
+            fatal = _fatal(exc, what)
+            if fatal is not None:
+                raise fatal from None
+            if _is_api_error(exc):
+                return Unknown(f"{what}: {_code(exc)}: {_message(exc)}")
+            raise
+
+    # --- identity and capacity -------------------------------------------------------------
+
+    def identity(self) -> dict[str, str]:
+        out = self._required("sts:GetCallerIdentity", lambda: self.client("sts").get_caller_identity())
+        return {"account": out.get("Account", ""), "arn": out.get("Arn", "")}
+
+    def zones(self) -> dict[str, str]:
+        out = self._required("ec2:DescribeAvailabilityZones", lambda: self.client("ec2").describe_availability_zones(
+            Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]))
+        return {z["ZoneName"]: z.get("ZoneId", "") for z in out["AvailabilityZones"] if z.get("State") == "available"}
+
+    def instance_info(self, instance_type: str) -> InstanceInfo:
+        from botocore.exceptions import ClientError
+
+        try:
+            out = self.client("ec2").describe_instance_types(InstanceTypes=[instance_type])
+        except ClientError as exc:
+            if _code(exc).startswith("InvalidInstanceType") or _code(exc) == "InvalidParameterValue":
+                raise UsageError(
+                    f"instance type {instance_type!r} does not exist in {self.region}",
+                    hint="check the spelling, e.g. g6.12xlarge, p5.48xlarge",
+                ) from None
+            self._fail("ec2:DescribeInstanceTypes", exc)
+        except Exception as exc:
+            self._fail("ec2:DescribeInstanceTypes", exc)
+        if not out["InstanceTypes"]:
+            raise UsageError(f"instance type {instance_type!r} does not exist in {self.region}")
+        it = out["InstanceTypes"][0]
+        gpus = (it.get("GpuInfo") or {}).get("Gpus") or []
+        net = it.get("NetworkInfo") or {}
+        return InstanceInfo(
+            instance_type=instance_type,
+            vcpus=int(it["VCpuInfo"]["DefaultVCpus"]),
+            gpus=sum(int(g.get("Count", 0)) for g in gpus),
+            gpu_model=" ".join(p for p in (gpus[0].get("Manufacturer"), gpus[0].get("Name")) if p) if gpus else None,
+            gpu_memory_mib=int((gpus[0].get("MemoryInfo") or {}).get("SizeInMiB", 0)) if gpus else 0,
+            efa_supported=bool(net.get("EfaSupported")),
+            efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)),
+        )
+
+    def offered_zones(self, instance_type: str) -> list[str] | Unknown:
+        def call() -> list[str]:
+            pages = self.client("ec2").get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+            return sorted({o["Location"] for page in pages for o in page["InstanceTypeOfferings"]})
+        return self._optional("ec2:DescribeInstanceTypeOfferings", call)
+
+    def quota_vcpus(self, code: str) -> float | Unknown:
+        from botocore.exceptions import ClientError
+
+        sq = self.client("service-quotas")
+
+        def call() -> float:
+            try:
+                return float(sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+            except ClientError as exc:
+                if _code(exc) != "NoSuchResourceException":
+                    raise
+                first = exc
+            # An account that never changed the quota may only have the default value.
+            try:
+                return float(sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+            except ClientError as exc:
+                if _fatal(exc, "") is not None:
+                    raise
+                raise first from None
+        return self._optional("service-quotas:GetServiceQuota", call)
+
+    def vcpus_in_use(self, families: tuple[str, ...]) -> int | Unknown:
+        def call() -> int:
+            pages = self.client("ec2").get_paginator("describe_instances").paginate(
+                Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+            counts: dict[str, int] = {}
+            total = 0
+            for page in pages:
+                for res in page["Reservations"]:
+                    for inst in res["Instances"]:
+                        itype = inst["InstanceType"]
+                        quota = quota_for(itype)
+                        if quota is None or not set(quota.families) & set(families):
+                            continue
+                        cpu = inst.get("CpuOptions") or {}
+                        if cpu.get("CoreCount") and cpu.get("ThreadsPerCore"):
+                            total += int(cpu["CoreCount"]) * int(cpu["ThreadsPerCore"])
+                        else:
+                            counts[itype] = counts.get(itype, 0) + 1
+            if counts:
+                out = self.client("ec2").describe_instance_types(InstanceTypes=sorted(counts))
+                for it in out["InstanceTypes"]:
+                    total += counts[it["InstanceType"]] * int(it["VCpuInfo"]["DefaultVCpus"])
+            return total
+        return self._optional("ec2:DescribeInstances", call)
+
+    def reservations(self, instance_type: str) -> list[Reservation] | Unknown:
+        def call() -> list[Reservation]:
+            out = self.client("ec2").describe_capacity_reservations(Filters=[
+                {"Name": "instance-type", "Values": [instance_type]}, {"Name": "state", "Values": ["active"]}])
+            return [
+                Reservation(r["CapacityReservationId"], r["AvailabilityZone"], int(r.get("AvailableInstanceCount", 0)),
+                            int(r.get("TotalInstanceCount", 0)), str(r["EndDate"]) if r.get("EndDate") else None)
+                for r in out.get("CapacityReservations", [])
+            ]
+        return self._optional("ec2:DescribeCapacityReservations", call)
+
+    def spot_scores(self, instance_type: str, count: int, zones: dict[str, str]) -> dict[str, int] | Unknown:
+        by_id = {zid: name for name, zid in zones.items()}
+
+        def call() -> dict[str, int]:
+            out = self.client("ec2").get_spot_placement_scores(
+                InstanceTypes=[instance_type], TargetCapacity=count, TargetCapacityUnitType="units",
+                SingleAvailabilityZone=True, RegionNames=[self.region])
+            return {by_id.get(s.get("AvailabilityZoneId", ""), s.get("AvailabilityZoneId", "?")): int(s["Score"])
+                    for s in out.get("SpotPlacementScores", []) if s.get("AvailabilityZoneId")}
+        return self._optional("ec2:GetSpotPlacementScores", call)
+
+    def capacity(self, instance_type: str, count: int) -> CapacityFacts:
+        info = self.instance_info(instance_type)
+        zones = self.zones()
+        quota = quota_for(instance_type)
+        return CapacityFacts(
+            region=self.region,
+            count=count,
+            info=info,
+            zones=zones,
+            offered=self.offered_zones(instance_type),
+            quota=quota,
+            quota_vcpus=self.quota_vcpus(quota.code) if quota else Unknown("no quota mapping"),
+            vcpus_in_use=self.vcpus_in_use(quota.families) if quota else Unknown("no quota mapping"),
+            reservations=self.reservations(instance_type),
+            spot_scores=self.spot_scores(instance_type, count, zones),
+        )
+
+    # --- EKS --------------------------------------------------------------------------------
+
+    def cluster(self, name: str) -> ClusterInfo | None:
+        """The EKS control plane, or None when it does not exist."""
+        from botocore.exceptions import ClientError
+
+        try:
+            c = self.client("eks").describe_cluster(name=name)["cluster"]
+        except ClientError as exc:
+            if _code(exc) == "ResourceNotFoundException":
+                return None
+            self._fail("eks:DescribeCluster", exc)
+        except Exception as exc:
+            self._fail("eks:DescribeCluster", exc)
+        return ClusterInfo(name, c["status"], c.get("version"), c.get("endpoint"),
+                           (c.get("certificateAuthority") or {}).get("data"))
+
+    def nodegroups(self, cluster: str) -> dict[str, NodeGroupInfo]:
+        eks = self.client("eks")
+
+        def call() -> dict[str, NodeGroupInfo]:
+            names = [n for page in eks.get_paginator("list_nodegroups").paginate(clusterName=cluster)
+                     for n in page["nodegroups"]]
+            groups = [eks.describe_nodegroup(clusterName=cluster, nodegroupName=n)["nodegroup"] for n in names]
+            subnets = sorted({s for g in groups for s in g.get("subnets", [])})
+            zone_of = self._subnet_zones(subnets)
+            return {
+                g["nodegroupName"]: NodeGroupInfo(
+                    g["nodegroupName"], g["status"], (g.get("scalingConfig") or {}).get("desiredSize"),
+                    tuple(g.get("instanceTypes") or ()),
+                    tuple(sorted({zone_of[s] for s in g.get("subnets", []) if s in zone_of})),
+                    tuple(f"{i.get('code')}: {i.get('message')}" for i in (g.get("health") or {}).get("issues", [])),
+                )
+                for g in groups
+            }
+        return self._required("eks:ListNodegroups", call)
+
+    def _subnet_zones(self, subnets: list[str]) -> dict[str, str]:
+        if not subnets:
+            return {}
+        found = self._optional("ec2:DescribeSubnets", lambda: self.client("ec2").describe_subnets(SubnetIds=subnets))
+        if isinstance(found, Unknown):
+            return {}
+        return {s["SubnetId"]: s["AvailabilityZone"] for s in found["Subnets"]}
+
+
+def _is_api_error(exc: Exception) -> bool:
+    from botocore import exceptions as bce
+    from botocore.parsers import ResponseParserError
+
+    return isinstance(exc, (bce.ClientError, ResponseParserError, bce.ParamValidationError))

@@ -1,0 +1,295 @@
+"""Cluster lifecycle: observe -> plan (pure, ops/plan.py) -> apply. Re-running continues where it stopped.
+
+`prepare` observes EKS (cloud/aws.py; eksctl when the EKS API is not permitted) and
+Kubernetes (ops/kube.py), checks capacity for each worker group still to be created,
+pins AZs, renders every manifest and writes them under the cluster's directory
+(default .trainlift/<name>/). `apply` runs each step's operations in order; its waits
+poll the same observations. Nothing here decides what to do: the plan does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from trainlift.cloud.aws import Aws, CredentialsError, check_region
+from trainlift.cloud.capacity import CapacityReport, Unknown, assess
+from trainlift.config.cluster import ClusterSpec
+from trainlift.errors import SpecError, TrainliftError
+from trainlift.ops import kube
+from trainlift.ops.eksctl import observe_with_eksctl
+from trainlift.ops.placement import Placement, allowed_zones, place, resolve_spec
+from trainlift.ops.plan import ABSENT, BUSY, CLIENT_PORT, Files, Observed, Op, Plan, Step
+from trainlift.ops.run import Background, check
+
+DEFAULT_ROOT = ".trainlift"
+POLL_S = 15.0
+RUN_TIMEOUT_S = 3600
+
+
+@dataclass
+class Prepared:
+    spec: ClusterSpec
+    seen: Observed
+    reports: dict[str, CapacityReport]
+    placements: dict[str, Placement]
+    files: Files
+    written: list[str]
+    aws: Aws
+
+
+def cluster_dir(spec: ClusterSpec, root: str | None) -> str:
+    return root if root is not None else f"{DEFAULT_ROOT}/{spec.name}"
+
+
+def spec_hash(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --- observe -------------------------------------------------------------------------------------
+
+def _write_kubeconfig(spec: ClusterSpec, info, files: Files) -> None:
+    path = Path(files.kubeconfig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = kube.kubeconfig_for(spec.name, spec.region, info.endpoint, info.ca_data)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.chmod(path, 0o600)
+
+
+def _observe_kubernetes(spec: ClusterSpec, files: Files) -> dict:
+    k = kube.Kube(files.kubeconfig)
+    out: dict = {"unknown": {}}
+    nodes = k.nodes()
+    if isinstance(nodes, Unknown):
+        out["unknown"]["kubernetes"] = nodes.reason
+    else:
+        out["nodes"] = tuple(nodes)
+        namespaces = k.namespaces()
+        out["namespace"] = None if isinstance(namespaces, Unknown) else spec.namespace in namespaces
+        if out["namespace"]:
+            for key, kind in (("service_accounts", "serviceaccounts"), ("secrets", "secrets")):
+                found = k.names(kind, spec.namespace)
+                out[key] = None if isinstance(found, Unknown) else found
+            rc = k.raycluster(spec.namespace, spec.name)
+            out["raycluster"] = None if isinstance(rc, Unknown) else rc
+        elif out["namespace"] is False:
+            out.update(service_accounts=frozenset(), secrets=frozenset(), raycluster=kube.RayState(exists=False))
+    releases = k.releases()
+    if isinstance(releases, Unknown):
+        out["unknown"]["helm"] = releases.reason
+    else:
+        out["releases"] = releases
+    return out
+
+
+def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
+    unknown: dict[str, str] = {}
+    try:
+        info = aws.cluster(spec.name)
+        groups = aws.nodegroups(spec.name) if info is not None else {}
+    except CredentialsError:
+        raise
+    except TrainliftError as exc:
+        info, groups = observe_with_eksctl(spec.name, spec.region)
+        if isinstance(info, Unknown):
+            unknown["eks"] = f"{exc.message}; {info.reason}"
+            return Observed(None, None, unknown=unknown)
+    if info is None:
+        return Observed.nothing()
+    if isinstance(groups, Unknown):
+        unknown["eks"] = groups.reason
+        groups = None
+    fields: dict = {}
+    if info.status in ("ACTIVE", "UPDATING") and info.endpoint and info.ca_data:
+        _write_kubeconfig(spec, info, files)
+        fields = _observe_kubernetes(spec, files)
+        unknown.update(fields.pop("unknown"))
+    elif info.status in ("ACTIVE", "UPDATING"):
+        unknown["kubernetes"] = "the API server's endpoint is unknown (eks:DescribeCluster was not readable)"
+    else:
+        unknown["kubernetes"] = f"the control plane is {info.status}"
+    return Observed(info.status, groups, unknown=unknown, **fields)
+
+
+# --- prepare -------------------------------------------------------------------------------------
+
+def _capacity(spec: ClusterSpec, seen: Observed, aws: Aws) -> tuple[dict[str, CapacityReport], list[str]]:
+    reports: dict[str, CapacityReport] = {}
+    facts_by_type: dict[tuple[str, int], object] = {}
+    zones: list[str] = []
+    for w in spec.workers:
+        if seen.nodegroups is not None and w.name in seen.nodegroups:
+            continue
+        key = (w.instance_type, w.count)
+        if key not in facts_by_type:
+            facts_by_type[key] = aws.capacity(w.instance_type, w.count)
+        facts = facts_by_type[key]
+        zones = list(facts.zones)  # type: ignore[attr-defined]
+        reports[w.name] = assess(facts, allowed_zones(spec, w.name))  # type: ignore[arg-type]
+    return reports, zones
+
+
+def _render(spec: ClusterSpec, root: str, write: bool) -> tuple[Files, list[str]]:
+    from trainlift.render import render_cluster
+
+    manifests, written = [], []
+    digest, account = "", False
+    for m in render_cluster(spec):
+        if m.kind == "RayCluster":
+            digest = spec_hash(m.body)
+            body = json.loads(json.dumps(m.body))
+            body["metadata"].setdefault("annotations", {})[kube.SPEC_HASH] = digest
+            m = replace(m, body=body)
+        account = account or m.kind == "ServiceAccount"
+        manifests.append(m)
+    if write:
+        for m in manifests:
+            target = Path(root) / m.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(m.text())
+            written.append(str(target))
+    return Files(root, digest, account), written
+
+
+def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws: Aws | None = None,
+            for_up: bool = True) -> Prepared:
+    """Observe, check capacity, pin AZs, render (and write) the files: everything a plan needs.
+
+    `for_up=False` (down) only observes: nothing is created, so nothing is placed or rendered.
+    """
+    check_region(spec.region)
+    aws = aws or Aws(spec.region)
+    aws.identity()
+    root = cluster_dir(spec, root)
+    seen = observe(spec, Files(root), aws)
+    if not for_up:
+        return Prepared(spec, seen, {}, {}, Files(root), [], aws)
+    reports, zones = _capacity(spec, seen, aws)
+    placements = place(spec, reports, seen.nodegroups)
+    if not zones and not spec.availability_zones:
+        zones = list(aws.zones())
+    system = None
+    if not spec.availability_zones:
+        offered = aws.offered_zones(spec.system.instance_type)
+        system = None if isinstance(offered, Unknown) else offered
+    resolved = resolve_spec(spec, placements, zones, system)
+    try:
+        files, written = _render(resolved, root, write)
+    except SpecError:
+        if not any(p.blocking for p in placements.values()):
+            raise
+        files, written = Files(root), []
+    return Prepared(resolved, seen, reports, placements, files, written, aws)
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+def _group_status(aws: Aws, spec: ClusterSpec, name: str) -> str:
+    if aws.cluster(spec.name) is None:
+        return ABSENT
+    group = aws.nodegroups(spec.name).get(name)
+    return group.status if group else ABSENT
+
+
+def _satisfied(until: str, spec: ClusterSpec, files: Files, aws: Aws) -> tuple[bool, str]:
+    """(holds, what was seen) for one wait condition of the plan."""
+    what, _, want = until.partition("=")
+    if what == "control-plane":
+        info = aws.cluster(spec.name)
+        status = info.status if info else ABSENT
+        if status == "FAILED" and want == "ACTIVE":
+            raise TrainliftError(f"the control plane of {spec.name} is FAILED")
+        return (status == want or (want == "absent" and status == ABSENT)
+                or (want == "settled" and status not in BUSY)), status
+    if what.startswith("nodegroup/"):
+        status = _group_status(aws, spec, what.split("/", 1)[1])
+        if status.endswith("FAILED") and want == "ACTIVE":
+            raise TrainliftError(f"node group {what.split('/', 1)[1]} is {status}")
+        return (status == want or (want == "absent" and status == ABSENT)
+                or (want == "settled" and status not in BUSY)), status
+    k = kube.Kube(files.kubeconfig)
+    if what.startswith("secret/"):
+        names = k.names("secrets", spec.namespace)
+        return not isinstance(names, Unknown) and what.split("/", 1)[1] in names, "absent"
+    if what in ("head-ready", "workers-running"):
+        rc = k.raycluster(spec.namespace, spec.name)
+        if isinstance(rc, Unknown):
+            return False, rc.reason
+        if what == "head-ready":
+            return rc.head_ready, f"state {rc.state}"
+        return rc.workers_running >= int(want), f"{rc.workers_running} Running"
+    if what.startswith("nodes/"):
+        name = what.split("/", 1)[1]
+        w = next(w for w in spec.workers if w.name == name)
+        efa = w.profile.efa_interfaces if spec.fabric == "efa" else 0
+        nodes = k.nodes()
+        if isinstance(nodes, Unknown):
+            return False, nodes.reason
+        good = [n for n in nodes if n.group == name and n.ready and n.gpus >= w.profile.gpus and n.efa >= efa]
+        return len(good) >= w.count, f"{len(good)} of {w.count} nodes advertise GPUs" + (" and EFA" if efa else "")
+    raise ValueError(f"unknown wait condition {until!r}")
+
+
+def wait_for(op: Op, spec: ClusterSpec, files: Files, aws: Aws, poll_s: float = POLL_S,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    deadline = clock() + op.timeout_s
+    while True:
+        done, seen = _satisfied(op.until, spec, files, aws)
+        if done:
+            return
+        if clock() >= deadline:
+            raise TrainliftError(f"timed out after {op.timeout_s} s waiting until {op.until} (last seen: {seen})",
+                                 hint="run the same command again to continue from here")
+        sleep(poll_s)
+
+
+def _doctor(op: Op, echo: Callable[[str], None]) -> None:
+    with Background(op.background) as forward:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", CLIENT_PORT), timeout=2).close()
+                break
+            except OSError:
+                if not forward.alive() or time.monotonic() > deadline:
+                    raise TrainliftError(f"port-forward to the Ray head failed: {forward.stop().strip()[-300:]}")
+                time.sleep(1)
+        check([sys.executable, "-m", "trainlift", *op.argv[1:]], op.timeout_s, attempts=1, echo=echo)
+
+
+def apply(prepared: Prepared, plan: Plan, echo: Callable[[str], None],
+          on_step: Callable[[Step], None] = lambda s: None) -> list[str]:
+    """Run every step's operations in order; stop at the first failure (re-running resumes)."""
+    spec, files, aws = prepared.spec, prepared.files, prepared.aws
+    if plan.blocked:
+        first = plan.blocked[0]
+        raise TrainliftError(f"{first.title}: {first.note}", hint=first.fix or None)
+    done = []
+    for step in plan.steps:
+        if not step.ops:
+            continue
+        on_step(step)
+        if step.key != "control-plane" and not Path(files.kubeconfig).exists() and plan.verb == "up":
+            info = aws.cluster(spec.name)
+            if info is not None and info.endpoint and info.ca_data:
+                _write_kubeconfig(spec, info, files)
+        for op in step.ops:
+            if op.kind == "wait":
+                wait_for(op, spec, files, aws)
+            elif op.kind == "doctor":
+                _doctor(op, echo)
+            else:
+                # eksctl creations are not safe to repeat blindly; the next `up` re-observes instead.
+                attempts = 1 if op.argv[0] == "eksctl" else 3
+                check(list(op.argv), RUN_TIMEOUT_S, echo=echo, attempts=attempts)
+        done.append(step.key)
+    return done

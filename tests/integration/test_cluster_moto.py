@@ -1,0 +1,222 @@
+"""`trainlift cluster up | status | down` against a moto server: dry runs change nothing, state is
+observed through the EKS API, a run that fails part way is continued by the next one.
+
+eksctl is replaced by a small script that makes the same EKS calls against the server; helm and
+kubectl are absent on purpose, so their observations are unknown and applying stops at them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainlift.cli import app
+from trainlift.ops.run import CommandFailed, ToolMissing
+
+h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
+REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "cluster-reference.yaml"
+
+FAKE_EKSCTL = '''#!{python}
+"""eksctl stand-in: the EKS calls eksctl would make, against the test server."""
+import os, sys, boto3, yaml
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+log = os.environ.get("FAKE_EKSCTL_LOG")
+if log:
+    open(log, "a").write(" ".join(args) + "\\n")
+verb = " ".join(args[:2])
+if verb in ("create cluster", "create nodegroup"):
+    cfg = yaml.safe_load(open(opt("-f")))
+    meta = cfg["metadata"]
+    eks, ec2 = (boto3.client(s, region_name=meta["region"]) for s in ("eks", "ec2"))
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    def subnet(az):
+        found = ec2.describe_subnets(Filters=[{{"Name": "availability-zone", "Values": [az]}}])["Subnets"]
+        return found[0]["SubnetId"]
+    if verb == "create cluster":
+        eks.create_cluster(name=meta["name"], version=meta["version"], roleArn="arn:aws:iam::123456789012:role/eks",
+                           resourcesVpcConfig={{"subnetIds": [subnet(z) for z in cfg["availabilityZones"]]}})
+    else:
+        name = opt("--include")
+        if os.environ.get("FAKE_EKSCTL_FAIL") == name:
+            sys.stderr.write("Error: waiting for nodegroup: AsgInstanceLaunchFailures: "
+                             "InsufficientInstanceCapacity in " + name + "\\n")
+            sys.exit(1)
+        ng = next(g for g in cfg["managedNodeGroups"] if g["name"] == name)
+        zones = ng.get("availabilityZones") or cfg["availabilityZones"][:1]
+        eks.create_nodegroup(clusterName=meta["name"], nodegroupName=name, instanceTypes=[ng["instanceType"]],
+                             subnets=[subnet(z) for z in zones], nodeRole="arn:aws:iam::123456789012:role/node",
+                             scalingConfig={{"minSize": ng["minSize"], "maxSize": ng["maxSize"],
+                                            "desiredSize": ng["desiredCapacity"]}})
+elif verb == "delete nodegroup":
+    boto3.client("eks", region_name=opt("--region")).delete_nodegroup(clusterName=opt("--cluster"),
+                                                                       nodegroupName=opt("--name"))
+elif verb == "delete cluster":
+    boto3.client("eks", region_name=opt("--region")).delete_cluster(name=opt("--name"))
+else:
+    sys.exit("unexpected eksctl call: " + " ".join(args))
+'''
+
+
+@pytest.fixture
+def aws_env(tmp_path, monkeypatch):
+    h.reset()
+    for key in h.CLEARED:
+        monkeypatch.delenv(key, raising=False)
+    env = h.aws_env(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield env
+    h.reject_credentials(False)
+
+
+def _world(region: str) -> dict:
+    """Everything in the server that costs money or is created by a cluster."""
+    eks, ec2 = boto3.client("eks", region_name=region), boto3.client("ec2", region_name=region)
+    cfn = boto3.client("cloudformation", region_name=region)
+    return {
+        "clusters": eks.list_clusters()["clusters"],
+        "instances": [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]],
+        "stacks": cfn.list_stacks()["StackSummaries"],
+        "vpcs": sorted(v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]),
+    }
+
+
+def _spec_in(tmp_path: Path, region: str) -> Path:
+    data = yaml.safe_load(REFERENCE.read_text())
+    data.update(region=region, availability_zones=[f"{region}a", f"{region}b"])
+    data["workers"][0]["availability_zones"] = [f"{region}a"]
+    path = tmp_path / f"cluster-{region}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _cli(args: list[str], env: dict[str, str], tools: Path, extra: dict[str, str] | None = None,
+         drop: tuple[str, ...] = ()):
+    base = {k: v for k, v in os.environ.items() if k not in h.CLEARED and k not in drop}
+    env = {k: v for k, v in env.items() if k not in drop}
+    path = os.pathsep.join([str(tools), str(Path(sys.executable).parent)])
+    return subprocess.run([sys.executable, "-m", "trainlift", *args], capture_output=True, text=True, timeout=120,
+                          env={**base, **env, **(extra or {}), "PATH": path})
+
+
+@pytest.fixture
+def tools(tmp_path) -> Path:
+    """A PATH directory holding only the eksctl stand-in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "eksctl"
+    script.write_text(FAKE_EKSCTL.format(python=sys.executable))
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path):
+    before = _world("us-east-2")
+    out_dir = tmp_path / "out"
+    result = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--dir", str(out_dir)])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for expected in (
+        "capacity  gpu-workers: us-east-2a (pinned in the spec; offered there)",
+        f"eksctl create cluster -f {out_dir}/eksctl.yaml --without-nodegroup",
+        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include system-nodes",
+        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include gpu-workers",
+        "helm upgrade --install nvidia-device-plugin", "helm upgrade --install aws-efa-k8s-device-plugin",
+        "helm upgrade --install kuberay-operator",
+        f"apply --server-side --field-manager=trainlift -f {out_dir}/k8s/20-raycluster.yaml",
+        "wait until head-ready", "wait until workers-running=2", "wait until nodes/gpu-workers",
+        "trainlift doctor --address ray://127.0.0.1:10001 --expect-fabric efa",
+    ):
+        assert expected in text, expected
+    assert _world("us-east-2") == before and before["clusters"] == [] and before["instances"] == []
+    rendered = yaml.safe_load((out_dir / "k8s" / "20-raycluster.yaml").read_text())
+    assert rendered["metadata"]["annotations"]["trainlift.io/spec-sha256"]
+    eksctl_cfg = yaml.safe_load((out_dir / "eksctl.yaml").read_text())
+    assert eksctl_cfg["managedNodeGroups"][1]["availabilityZones"] == ["us-east-2a"]
+
+
+def test_dry_run_json_and_an_unpinned_group_gets_the_recommended_az(aws_env, tmp_path):
+    data = yaml.safe_load(REFERENCE.read_text())
+    data["availability_zones"] = []
+    data["workers"][0]["availability_zones"] = []
+    spec = tmp_path / "unpinned.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["cluster", "up", str(spec), "--dry-run", "--json", "--dir", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["blocked"] is False and plan["verb"] == "up"
+    group = next(s for s in plan["steps"] if s["key"] == "nodegroup/gpu-workers")
+    assert "AZ us-east-2a: offered in 3 AZs" in group["observed"]
+    cfg = yaml.safe_load((tmp_path / "o" / "eksctl.yaml").read_text())
+    assert cfg["availabilityZones"] == ["us-east-2a", "us-east-2b"]
+
+
+def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, tools, monkeypatch):
+    spec, out = str(_spec_in(tmp_path, "us-west-2")), str(tmp_path / "state")
+    ec2 = boto3.client("ec2", region_name="us-west-2")
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    for i, az in enumerate(("us-west-2a", "us-west-2b")):
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"172.31.{200 + i}.0/24", AvailabilityZone=az)
+    log = tmp_path / "eksctl.log"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tools), str(Path(sys.executable).parent)]))
+    monkeypatch.setenv("FAKE_EKSCTL_LOG", str(log))
+    monkeypatch.setenv("FAKE_EKSCTL_FAIL", "gpu-workers")
+    eks = boto3.client("eks", region_name="us-west-2")
+
+    def cli(*args: str):
+        return CliRunner().invoke(app, ["cluster", *args, spec, "--dir", out])
+
+    first = cli("up", "--yes")
+    assert first.exit_code == 1 and isinstance(first.exception, CommandFailed)
+    message = first.exception.one_line()
+    assert f"`eksctl create nodegroup -f {out}/eksctl.yaml --include gpu-workers` exited 1" in message
+    assert "InsufficientInstanceCapacity" in message
+
+    status = cli("status", "--json")
+    assert status.exit_code == 0, status.output
+    plan = {s["key"]: s for s in json.loads(status.stdout)["steps"]}
+    assert plan["control-plane"]["action"] == "nothing" and plan["nodegroup/system-nodes"]["action"] == "nothing"
+    assert plan["nodegroup/gpu-workers"]["action"] == "create"
+    assert "kubectl not found (install kubectl" in plan["namespace"]["observed"]
+    assert "helm not found (install Helm 3" in plan["helm/kuberay-operator"]["observed"]
+
+    monkeypatch.delenv("FAKE_EKSCTL_FAIL")
+    second = cli("up", "--yes")
+    assert isinstance(second.exception, ToolMissing)
+    assert second.exception.one_line() == "helm not found on PATH (install Helm 3: https://helm.sh/docs/intro/install/)"
+    calls = [c.split(" -f ")[0] + " " + c.split()[-1] for c in log.read_text().splitlines()]
+    assert calls == ["create cluster --without-nodegroup", "create nodegroup system-nodes",
+                     "create nodegroup gpu-workers", "create nodegroup gpu-workers"]
+    assert sorted(eks.list_nodegroups(clusterName="ray-train")["nodegroups"]) == ["gpu-workers", "system-nodes"]
+
+    down = cli("down", "--yes")
+    assert down.exit_code == 0, down.output
+    assert "eksctl delete nodegroup --cluster ray-train --region us-west-2 --name gpu-workers --wait" in down.stdout
+    assert eks.list_clusters()["clusters"] == []
+    again = cli("down", "--yes")
+    assert again.exit_code == 0 and "0 with work to do" in again.stdout
+
+
+def test_bad_input_is_one_line(aws_env, tmp_path, tools):
+    data = yaml.safe_load(REFERENCE.read_text())
+    data.update(region="xx-north-9", availability_zones=["xx-north-9a", "xx-north-9b"])
+    data["workers"][0]["availability_zones"] = ["xx-north-9a"]
+    spec = tmp_path / "bad-region.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    result = _cli(["cluster", "up", str(spec), "--dry-run"], aws_env, tools)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "unknown AWS region 'xx-north-9'" in result.stderr
+    result = _cli(["cluster", "status", str(REFERENCE)], aws_env, tools,
+                  drop=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "no AWS credentials found" in result.stderr
