@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -69,7 +70,7 @@ def train(
         def on_update(row: dict) -> None:
             if not console.is_terminal and row.get("event") == "step" and row["step"] != last_printed[0]:
                 # Machine-readable progress for `trainlift submit --follow`, which reads the job's log.
-                print(PROGRESS_PREFIX + json.dumps({k: row[k] for k in PROGRESS_KEYS}), flush=True)
+                print(PROGRESS_PREFIX + json.dumps({k: row[k] for k in PROGRESS_KEYS}), file=sys.stderr, flush=True)
                 last_printed[0] = row["step"]
             if row.get("event") == "step":
                 info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
@@ -91,7 +92,9 @@ def train(
         table.add_row("run", summary["run"])
         console.print(table)
     if not summary.get("finished"):
-        console.print(f"stopped at step {summary['steps']}; rerun the same command to resume")
+        why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
+        err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; "
+                          "rerun the same command to resume")
         raise typer.Exit(EXIT_STOPPED)
 
 

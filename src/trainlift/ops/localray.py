@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 
 from trainlift.errors import TrainliftError
+from trainlift.ops import run
 
 LOOPBACK = "127.0.0.1"
 
@@ -87,11 +87,9 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        # Jobs run `python ...`: let that be this interpreter, which has trainlift and its dependencies.
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+    # Jobs run `python ...`: let that be this interpreter, which has trainlift and its dependencies.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path})
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):

@@ -213,6 +213,18 @@ class Background:
         self.stop()
 
 
+def spawn_detached(cmd: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a process that outlives this one, in its own session (so its whole group can be ended), with
+    stdout and stderr appended to `log_path`."""
+    log.debug("$ %s &", display(tuple(cmd)))
+    with open(log_path, "ab") as out:
+        try:
+            return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=None if env is None else {**os.environ, **env}, start_new_session=True)
+        except (FileNotFoundError, PermissionError) as exc:
+            raise ToolMissing(os.path.basename(cmd[0])) from exc
+
+
 def missing_tools(tools: Iterable[str]) -> list[str]:
     from shutil import which
 

@@ -6,9 +6,12 @@ directory), so bad input fails in a second with one line, not in a worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,8 +52,21 @@ def resolve_paths(spec: JobSpec) -> JobSpec:
     return resolved
 
 
+def check_remote_storage(uri: str) -> None:
+    """Credentials, endpoint and bucket work, before any worker starts."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        bucket_type = fs.get_file_info(path.split("/", 1)[0]).type
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"run.storage: cannot reach {uri} ({str(exc).splitlines()[0]})",
+                         hint="check AWS credentials, AWS_REGION and AWS_ENDPOINT_URL") from None
+    if bucket_type == pafs.FileType.NotFound:
+        raise UsageError(f"run.storage: bucket of {uri} does not exist", hint="create it or fix run.storage")
+
+
 def check_run_dir(spec: JobSpec) -> None:
     if spec.is_remote_storage:
+        check_remote_storage(spec.run_uri)
         return
     run_dir = Path(spec.run_uri)
     try:
@@ -72,7 +88,7 @@ def _model_config(spec: JobSpec):
         return build_config(spec.model.config)
     try:
         return AutoConfig.from_pretrained(spec.model.path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise UsageError(f"model.path: cannot load a model config from {spec.model.path!r}",
                          hint="give a local model directory, a reachable hub id, or model.config") from exc
 
@@ -128,6 +144,13 @@ def _progress_board():
         def __init__(self):
             self.latest: dict[str, Any] = {}
             self.summary: dict[str, Any] = {}
+            self.stop_reason: str | None = None
+
+        def request_stop(self, reason: str) -> None:
+            self.stop_reason = reason
+
+        def stop_requested(self) -> str | None:
+            return self.stop_reason
 
         def update(self, row: dict[str, Any]) -> None:
             self.latest = row
@@ -152,6 +175,30 @@ def _poll(board, on_update: Callable[[dict], None], stop: threading.Event) -> No
             on_update(ray.get(board.get.remote(), timeout=5))
         except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
             pass
+
+
+@contextlib.contextmanager
+def _stop_on_signals(board):
+    """First SIGTERM/SIGINT: checkpoint at the next step boundary and stop. A second one: stop now."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[str] = []
+
+    def handler(signum, _frame):
+        if received:
+            raise KeyboardInterrupt
+        received.append(signal.Signals(signum).name)
+        board.request_stop.remote(received[0])
+        print(f"{received[0]}: saving a checkpoint at the next step boundary, then stopping "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old_handler in previous.items():
+            signal.signal(sig, old_handler)
 
 
 def scaling_for(spec: JobSpec, workers: int | None):
@@ -179,6 +226,7 @@ def run_training(
     workers: int | None = None,
     stop_at_step: int | None = None,
     skip_doctor: bool = False,
+    report_every_step: bool = False,
     on_update: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
@@ -207,7 +255,8 @@ def run_training(
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
-                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix},
+                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix,
+                               "report_every_step": report_every_step},
             scaling_config=scaling,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=RunConfig(
@@ -219,7 +268,8 @@ def run_training(
             ),
         )
         try:
-            trainer.fit()
+            with _stop_on_signals(board):
+                trainer.fit()
         except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
             raise TrainliftError(f"training failed: {_root_cause(exc)}",
                                  hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}") from exc
@@ -227,6 +277,7 @@ def run_training(
         poller.join(timeout=2)
         on_update and on_update(ray.get(board.get.remote()))
         summary = ray.get(board.get_summary.remote())
+        summary["stopped_by"] = ray.get(board.stop_requested.remote())
         summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at)
         write_summary(spec, summary)
         return summary

@@ -140,6 +140,26 @@ def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, k
         checkpoint.prune(fs, run_path, keep)
 
 
+class StopRequests:
+    """Whether the driver asked the run to stop (SIGTERM/SIGINT): rank 0 polls the progress board without
+    blocking, and one one-element all-reduce per step tells every rank, so all stop at the same step."""
+
+    def __init__(self, board, rank: int):
+        self.board = board if rank == 0 else None
+        self.pending = self.board.stop_requested.remote() if self.board is not None else None
+
+    def poll(self, device) -> bool:
+        asked = 0.0
+        if self.pending is not None:
+            ready, _ = ray.wait([self.pending], timeout=0)
+            if ready and ray.get(ready[0]):
+                asked = 1.0
+            elif ready:
+                self.pending = self.board.stop_requested.remote()
+        (total,) = all_reduce_sum([asked], device)
+        return total > 0
+
+
 def train_loop_per_worker(config: dict) -> None:
     spec = JobSpec.model_validate(config["spec"])
     board, stop_at = config.get("board"), config.get("stop_at_step")
@@ -188,6 +208,7 @@ def train_loop_per_worker(config: dict) -> None:
     per_micro_rows = world * spec.train.micro_batch_size * spec.train.grad_accum
     timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
     first_step = step
+    stop_requests = StopRequests(board, rank)
     while step < spec.train.steps:
         t0 = time.perf_counter()
         batches = step_batches(train_data, spec, cursor, rank, world, device)
@@ -203,14 +224,17 @@ def train_loop_per_worker(config: dict) -> None:
         if rank == 0 and board is not None:
             board.update.remote({"event": "step", **row, "total_steps": spec.train.steps})
         boundary_metrics = {"step": step, "loss": loss}
+        if config.get("report_every_step"):  # the reference sample's pattern, kept for the benchmark only
+            ray.train.report(boundary_metrics)
         if spec.train.eval_every and step % spec.train.eval_every == 0 and step < spec.train.steps:
             eval_loss = run_eval(step)
             boundary_metrics["eval_loss"] = eval_loss
             sink.flush()
             if not (spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0):
                 ray.train.report(boundary_metrics)
-        stopping = stop_at is not None and step >= stop_at
-        if spec.checkpoint.every_steps and (step % spec.checkpoint.every_steps == 0 or step == spec.train.steps or stopping):
+        stopping = (stop_at is not None and step >= stop_at) or stop_requests.poll(device)
+        periodic = spec.checkpoint.every_steps and (step % spec.checkpoint.every_steps == 0 or step == spec.train.steps)
+        if periodic or (stopping and step < spec.train.steps):
             sink.flush()
             save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, spec.checkpoint.keep, boundary_metrics)
         if stopping:

@@ -1,0 +1,208 @@
+"""Every user mistake in docs/ERRORS.md gets exactly its documented one-line message, its exit code, and no
+traceback. The commands run in-process through the CLI's entry point, as the console script does.
+
+TRAINLIFT_UPDATE_ERRORS=1 rewrites docs/ERRORS.md from what the commands print now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainlift.cli import main
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "ERRORS.md"
+CHAT = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_assets, tmp_path_factory):
+    """A workspace of good and bad files every case draws from."""
+    root = tmp_path_factory.mktemp("errs")
+    good = {"model": {"path": str(tiny_assets / "model")},
+            "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64}, "run": {"storage": str(root / "runs")}}
+
+    def spec(name: str, change=lambda s: None, raw: str | None = None) -> str:
+        body = json.loads(json.dumps(good))
+        change(body)
+        (root / name).write_text(raw if raw is not None else yaml.safe_dump(body))
+        return str(root / name)
+
+    files = {
+        "good": spec("good.yaml"),
+        "unknown_key": spec("unknown_key.yaml", lambda s: s.update(train={"stepz": 3})),
+        "wrong_type": spec("wrong_type.yaml", lambda s: s.update(train={"steps": "ten"})),
+        "negative": spec("negative.yaml", lambda s: s.update(train={"micro_batch_size": 0})),
+        "bad_format": spec("bad_format.yaml", lambda s: s["data"].update(format="chat")),
+        "no_model": spec("no_model.yaml", lambda s: s.update(model={})),
+        "bad_name": spec("bad_name.yaml", lambda s: s["run"].update(name="my run")),
+        "bad_yaml": spec("bad_yaml.yaml", raw="model:\n  path: m\n data: [\n"),
+        "not_mapping": spec("not_mapping.yaml", raw="- just\n- a list\n"),
+        "no_data": spec("no_data.yaml", lambda s: s["data"].update(train=str(root / "missing.jsonl"))),
+        "bad_json": spec("bad_json.yaml", lambda s: s["data"].update(train=str(root / "bad.jsonl"))),
+        "no_key": spec("no_key.yaml", lambda s: s["data"].update(train=str(root / "nokey.jsonl"))),
+        "no_assistant": spec("no_assistant.yaml", lambda s: s["data"].update(train=str(root / "noassist.jsonl"))),
+        "long_seq": spec("long_seq.yaml", lambda s: s["data"].update(seq_len=4096)),
+        "run_dir": spec("run_dir.yaml", lambda s: s["run"].update(storage=str(root / "blocked"))),
+        "bad_model": spec("bad_model.yaml", lambda s: s["model"].update(path=str(root / "empty-model"))),
+        "efa_cluster": str(root / "efa_cluster.yaml"),
+        "inline_secret": str(root / "inline_secret.yaml"),
+        "too_many_gpus": str(root / "too_many_gpus.yaml"),
+        "no_efa": str(root / "no_efa.yaml"),
+        "cluster_key": str(root / "cluster_key.yaml"),
+    }
+    (root / "bad.jsonl").write_text(json.dumps(CHAT) + "\n{oops\n")
+    (root / "nokey.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    (root / "noassist.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    (root / "blocked").mkdir()
+    (root / "blocked" / "run").write_text("a file where the run directory goes")
+    (root / "empty-model").mkdir()
+    (root / "weird.log").mkdir()
+    cluster = {"name": "c", "region": "us-east-2", "availability_zones": ["us-east-2a", "us-east-2b"],
+               "workers": [{"name": "g", "instance_type": "g6.12xlarge", "count": 2, "availability_zones": ["us-east-2a"]}]}
+
+    def cluster_file(name, change):
+        body = json.loads(json.dumps(cluster))
+        change(body)
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(body))
+
+    cluster_file("efa_cluster", lambda c: c["workers"][0].update(availability_zones=["us-east-2a", "us-east-2b"]))
+    cluster_file("inline_secret", lambda c: c.update(
+        secrets=[{"env": "HF_TOKEN", "secret": "hf-token", "key": "token", "value": "hf_abcdefabcdefabcdef"}]))
+    cluster_file("too_many_gpus", lambda c: c["workers"][0].update(gpus=8))
+    cluster_file("no_efa", lambda c: (c["workers"][0].update(instance_type="g6.4xlarge"), c.update(fabric="efa")))
+    cluster_file("cluster_key", lambda c: c.update(regoin="us-east-1"))
+    return root, files
+
+
+# id -> argv built from the workspace's files (f) and root (r)
+CASES = {
+    "spec-file-missing": lambda f, r: ["train", f"{r}/nope.yaml"],
+    "spec-not-yaml": lambda f, r: ["train", f["bad_yaml"]],
+    "spec-not-a-mapping": lambda f, r: ["train", f["not_mapping"]],
+    "spec-unknown-key": lambda f, r: ["train", f["unknown_key"]],
+    "spec-wrong-type": lambda f, r: ["train", f["wrong_type"]],
+    "spec-out-of-range": lambda f, r: ["train", f["negative"]],
+    "spec-bad-choice": lambda f, r: ["train", f["bad_format"]],
+    "spec-no-model": lambda f, r: ["train", f["no_model"]],
+    "spec-bad-run-name": lambda f, r: ["train", f["bad_name"]],
+    "set-without-equals": lambda f, r: ["train", f["good"], "--set", "train.steps"],
+    "set-through-a-value": lambda f, r: ["train", f["good"], "--set", "run.name.x=1"],
+    "data-file-missing": lambda f, r: ["train", f["no_data"]],
+    "data-bad-json-line": lambda f, r: ["train", f["bad_json"]],
+    "data-missing-format-keys": lambda f, r: ["train", f["no_key"]],
+    "data-no-assistant-turn": lambda f, r: ["train", f["no_assistant"]],
+    "seq-len-above-model-max": lambda f, r: ["train", f["long_seq"]],
+    "run-dir-unwritable": lambda f, r: ["train", f["run_dir"]],
+    "model-dir-without-config": lambda f, r: ["train", f["bad_model"]],
+    "eval-not-a-model": lambda f, r: ["eval", r, "--data", f"{r}/bad.jsonl"],
+    "submit-spec-outside-workdir": lambda f, r: ["submit", f["good"], "--working-dir", f"{r}/blocked"],
+    "submit-no-address": lambda f, r: ["submit", "good.yaml", "--working-dir", r],
+    "submit-bad-env": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env", "NOEQUALS",
+                                    "--address", "http://127.0.0.1:9"],
+    "jobs-unreachable-address": lambda f, r: ["jobs", "list", "--address", "http://127.0.0.1:9"],
+    "doctor-unreachable-address": lambda f, r: ["doctor", "--address", "127.0.0.1:9"],
+    "doctor-log-unreadable": lambda f, r: ["doctor", "nccl-log", f"{r}/missing.log"],
+    "doctor-log-is-a-directory": lambda f, r: ["doctor", "nccl-log", f"{r}/weird.log"],
+    "doctor-unknown-instance": lambda f, r: ["doctor", "fabric", "--instance-type", "g9.huge"],
+    "doctor-bad-sizes": lambda f, r: ["doctor", "fabric", "--sizes", "1Q"],
+    "cluster-unknown-key": lambda f, r: ["render", f["cluster_key"], "--check"],
+    "cluster-efa-several-azs": lambda f, r: ["render", f["efa_cluster"], "--check"],
+    "cluster-efa-without-efa": lambda f, r: ["render", f["no_efa"], "--check"],
+    "cluster-too-many-gpus": lambda f, r: ["render", f["too_many_gpus"], "--check"],
+    "cluster-inline-secret": lambda f, r: ["render", f["inline_secret"], "--check"],
+    "capacity-unknown-region": lambda f, r: ["capacity", "g6.12xlarge", "--region", "mars-1"],
+    "capacity-no-credentials": lambda f, r: ["capacity", "g6.12xlarge", "--region", "us-east-2"],
+}
+
+
+def run_cli(argv: list[str], cwd: str) -> tuple[int, str]:
+    err, out = io.StringIO(), io.StringIO()
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    sys.argv = ["trainlift", *argv]
+    code = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return code, err.getvalue() + out.getvalue()
+
+
+def documented() -> dict[str, tuple[int, str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        match = re.match(r"^\| `([a-z0-9-]+)` \| `[^`]*` \| (\d+) \| (.*) \|$", line)
+        if match:
+            rows[match.group(1)] = (int(match.group(2)), match.group(3).replace("\\|", "|"))
+    return rows
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "RAY_ADDRESS",
+                 "AWS_ENDPOINT_URL", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("TRAINLIFT_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """In update mode, what each case printed, written to docs/ERRORS.md at the end."""
+    rows: dict[str, tuple[str, int, str]] = {}
+    yield rows
+    if os.environ.get("TRAINLIFT_UPDATE_ERRORS") and rows:
+        table = [f"| `{case}` | `trainlift {command}` | {code} | {message.replace('|', chr(92) + '|')} |"
+                 for case, (command, code, message) in sorted(rows.items())]
+        DOC.write_text(DOC_HEAD + "\n".join(table) + "\n")
+
+
+DOC_HEAD = """# User mistakes and what trainlift says
+
+Each row is a mistake, the command it was made with (`<ws>` is a scratch
+directory holding the files named), the exit code, and the exact line printed.
+Exit code 2 means bad input (a spec, a flag, a file); 1 means something outside
+the input is wrong (an unreachable cluster, missing credentials). No mistake
+prints a traceback; `--debug` shows one. `tests/integration/test_error_catalogue.py`
+runs every row.
+
+| mistake | command | exit | message |
+| --- | --- | --- | --- |
+"""
+
+
+def test_catalogue_has_at_least_30_mistakes():
+    assert len(CASES) >= 30
+    if not os.environ.get("TRAINLIFT_UPDATE_ERRORS"):
+        assert set(documented()) == set(CASES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_mistake_gets_its_documented_line(case, ws, isolated, recorded):
+    root, files = ws
+    argv = CASES[case](files, str(root))
+    code, output = run_cli(argv, cwd=str(root))
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert "Traceback" not in output and code != 0, output
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, output
+    message = errors[0].removeprefix("error: ").replace(str(root), "<ws>")
+    if os.environ.get("TRAINLIFT_UPDATE_ERRORS"):
+        recorded[case] = (" ".join(argv).replace(str(root), "<ws>"), code, message)
+        return
+    assert (code, message) == documented()[case]
