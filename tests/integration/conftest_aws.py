@@ -73,3 +73,14 @@ def aws_env(tmp_path: Path) -> dict[str, str]:
 CLEARED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
            "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+
+
+def use(monkeypatch, tmp_path: Path) -> dict[str, str]:
+    """Point the calling test at a freshly reset server, with fake credentials and no other AWS configuration."""
+    reset()
+    for key in CLEARED:
+        monkeypatch.delenv(key, raising=False)
+    env = aws_env(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env

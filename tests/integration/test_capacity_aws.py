@@ -22,13 +22,7 @@ h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  
 
 @pytest.fixture
 def aws_env(tmp_path, monkeypatch):
-    h.reset()
-    for key in h.CLEARED:
-        monkeypatch.delenv(key, raising=False)
-    env = h.aws_env(tmp_path)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    yield env
+    yield h.use(monkeypatch, tmp_path)
     h.reject_credentials(False)
 
 

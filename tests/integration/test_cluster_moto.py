@@ -70,13 +70,7 @@ else:
 
 @pytest.fixture
 def aws_env(tmp_path, monkeypatch):
-    h.reset()
-    for key in h.CLEARED:
-        monkeypatch.delenv(key, raising=False)
-    env = h.aws_env(tmp_path)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    yield env
+    yield h.use(monkeypatch, tmp_path)
     h.reject_credentials(False)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -10,27 +11,14 @@ import boto3
 import pytest
 import yaml
 
+h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
 pytestmark = pytest.mark.slow
 
 
-def _moto():
-    import importlib.util
-
-    path = Path(__file__).with_name("conftest_aws.py")
-    spec = importlib.util.spec_from_file_location("trainlift_tests_conftest_aws", path)
-    if "trainlift_tests_conftest_aws" not in sys.modules:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["trainlift_tests_conftest_aws"]
-
-
 @pytest.fixture
-def s3_env(monkeypatch):
-    env = {"AWS_ENDPOINT_URL": _moto().server(), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+def s3_env(monkeypatch, tmp_path):
+    env = h.use(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
     boto3.client("s3").create_bucket(Bucket="trainlift-ckpts")
     return env
 
