@@ -12,6 +12,9 @@ import pytest
 import yaml
 
 
+PLANTED_TOKEN = "hf_plantedsecretvalue0123456789"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,14 +59,20 @@ def project(tiny_assets, tmp_path_factory):
     (root / ".git" / "big.pack").write_bytes(b"x" * 2_000_000)
     (root / "runs" / "old").mkdir(parents=True)
     (root / "runs" / "old" / "leftover.bin").write_bytes(b"x" * 1000)
+    (root / ".env").write_text(f"HF_TOKEN={PLANTED_TOKEN}\n")
     return root
 
 
-def test_local_status_reports_the_head(home, head):
+def test_local_status_reports_the_head_and_its_dashboard_listens_on_loopback_only(home, head):
+    import psutil
+
     result = cli(home, "local", "status", "--json")
     status = json.loads(result.stdout)
     assert result.returncode == 0 and status["running"] and status["dashboard_reachable"]
     assert status["dashboard_url"].startswith("http://127.0.0.1:")
+    port = int(status["dashboard_url"].rsplit(":", 1)[1])
+    listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
+    assert listening == {"127.0.0.1"}
 
 
 def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project):
@@ -80,10 +89,13 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     assert status["status"] == "SUCCEEDED"
     logs = cli(home, "jobs", "logs", job_id).stdout
     assert "trainlift-progress" in logs and '"step": 6' in logs
+    assert "not uploading credential-like file .env" in result.stderr
+    job_info = json.dumps(json.loads(cli(home, "jobs", "status", job_id, "--json").stdout))
+    assert PLANTED_TOKEN not in logs + job_info + result.stdout + result.stderr
 
 
-def test_uploads_skip_git_and_run_directories(home, head, project):
-    """The job lists its own working directory: neither .git nor runs/ travelled."""
+def test_uploads_skip_git_run_directories_and_credentials(home, head, project):
+    """The job lists its own working directory: neither .git, runs/ nor .env travelled."""
     from trainlift.ops import jobs, workdir
 
     client = jobs.client(head["dashboard_url"])
@@ -93,7 +105,7 @@ def test_uploads_skip_git_and_run_directories(home, head, project):
     while str(client.get_job_status(job_id).value) not in jobs.TERMINAL and time.monotonic() < deadline:
         time.sleep(1)
     listing = client.get_job_logs(job_id)
-    assert "job.yaml" in listing and ".git" not in listing and "'runs'" not in listing
+    assert "job.yaml" in listing and ".git" not in listing and "'runs'" not in listing and ".env" not in listing
 
 
 def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_is_a_new_job(home, head, project):

@@ -23,7 +23,7 @@ from trainlift.config.job import JobSpec
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.train import data
 from trainlift.train.preflight import NCCL_LOG_ENV
-from trainlift.train.model import build_config, load_tokenizer, materialize, max_positions
+from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 
@@ -107,13 +107,10 @@ def preflight(spec: JobSpec) -> None:
     check_run_dir(spec)
 
 
-def prepare_model(spec: JobSpec) -> bool:
+def prepare_model(spec: JobSpec) -> None:
     """Build and save the model first when the spec gives both model.config and model.path."""
     if spec.model.path and spec.model.config is not None:
-        return materialize(spec.model.path, spec.model.config, spec.model.tokenizer or spec.model.path, spec.train.seed)
-    if spec.model.tokenizer or spec.model.path:
-        load_tokenizer(spec.model)
-    return False
+        materialize(spec.model.path, spec.model.config, spec.model.tokenizer or spec.model.path, spec.train.seed)
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> bool:
@@ -275,7 +272,8 @@ def run_training(
                                  hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}") from exc
         stop.set()
         poller.join(timeout=2)
-        on_update and on_update(ray.get(board.get.remote()))
+        if on_update is not None:
+            on_update(ray.get(board.get.remote()))
         summary = ray.get(board.get_summary.remote())
         summary["stopped_by"] = ray.get(board.stop_requested.remote())
         summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at)
