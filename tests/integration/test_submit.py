@@ -150,3 +150,10 @@ def test_unreachable_address_fails_fast_with_a_hint(home, project):
     result = cli(home, "submit", "job.yaml", "--address", f"http://127.0.0.1:{free_port()}", cwd=project)
     assert result.returncode == 1 and result.elapsed <= 15
     assert "cannot reach the Ray dashboard" in result.stderr and "port-forward" in result.stderr
+
+
+def test_train_uses_the_local_head_when_one_is_running(home, head, project):
+    result = cli(home, "train", "job.yaml", "--steps", "2", "--set", "run.name=warm", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["steps"] == 2
+    assert "existing Ray cluster" in result.stderr and "Started a local Ray instance" not in result.stderr

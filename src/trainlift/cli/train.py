@@ -57,7 +57,9 @@ def train(
         from trainlift.ops import localray
 
         local_head = localray.read_state()
-        address = local_head["gcs_address"] if local_head else None
+        if local_head:
+            address = local_head["gcs_address"]
+            localray.use_head_auth()
 
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

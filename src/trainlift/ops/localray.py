@@ -57,6 +57,11 @@ def dashboard_up(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def use_head_auth() -> None:
+    """Let this process's Ray client authenticate to the local head with the token Ray keeps for it."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+
 def read_state() -> dict[str, Any] | None:
     """The recorded head, if its process is still alive."""
     path = state_file()
@@ -82,14 +87,15 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     gcs_port = _free_port()
     cmd = [str(ray_cli), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}", "--disable-usage-stats",
-           f"--ray-client-server-port={_free_port()}"]
+           f"--ray-client-server-port={_free_port()}", '--system-config={"worker_niceness": 0}']
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Jobs run `python ...`: let that be this interpreter, which has trainlift and its dependencies.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path})
+    # Token authentication, explicitly: its GCS port is not bound to loopback the way the dashboard is.
+    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path, "RAY_AUTH_MODE": "token"})
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):

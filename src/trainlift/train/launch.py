@@ -122,12 +122,16 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         try:
-            ray.init(address=address, log_to_driver=False)
+            # A head bound to loopback (`trainlift local up`) only accepts a driver that says it is on loopback too.
+            local = address.split("://")[-1].startswith(("127.", "localhost"))
+            ray.init(address=address, log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if local else {}))
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                                  hint="check the address, or drop --address to run on an embedded local Ray") from None
         return False
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             _system_config={"worker_niceness": 0})
     return True
 
 
