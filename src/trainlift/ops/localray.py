@@ -87,7 +87,9 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     gcs_port = _free_port()
     cmd = [str(ray_cli), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}", "--disable-usage-stats",
-           f"--ray-client-server-port={_free_port()}", '--system-config={"worker_niceness": 0}']
+           # Ray's fixed default ports for these collide with any other Ray instance on the machine.
+           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+           '--system-config={"worker_niceness": 0}']
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
