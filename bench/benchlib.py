@@ -147,7 +147,8 @@ def trainlift_train(spec_args: list[str], run_dir: Path, name: str, env: dict[st
     summary = json.loads(out[out.index("\n{\n") + 1:] if not out.startswith("{") else out)
     rows = [json.loads(line) for line in (run_dir / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r and "step" in r and "eval_loss" not in r]
-    return {"t0": t0, "summary": summary, "steps": steps, "peak_rss_mib": sampler.peaks_mib(), "stderr": err}
+    return {"t0": t0, "summary": summary, "steps": steps, "peak_rss_mib": sampler.peaks_mib(), "sampler": sampler,
+            "stderr": err}
 
 
 def torchrun_loop(spec_args: list[str], env: dict[str, str], steps: int, warmup: int,
@@ -166,15 +167,17 @@ def torchrun_loop(spec_args: list[str], env: dict[str, str], steps: int, warmup:
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun failed ({proc.returncode}): {err[-3000:]}")
     result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
-    return {"t0": t0, "result": result, "peak_rss_mib": sampler.peaks_mib(), "stderr": err}
+    return {"t0": t0, "result": result, "peak_rss_mib": sampler.peaks_mib(), "sampler": sampler, "stderr": err}
 
 
 class RssSampler:
-    """Polls the descendants of `root` that `select` picks and keeps each one's peak resident set (VmHWM)."""
+    """Polls the descendants of `root`: the peak resident set (VmHWM) of those `select` picks, and every
+    process's CPU time, so the CPU each one used over any window of the run can be computed afterwards."""
 
-    def __init__(self, root: int, select, interval_s: float = 0.25):
+    def __init__(self, root: int, select, interval_s: float = 0.5):
         self.root, self.select, self.interval_s = root, select, interval_s
         self.peaks: dict[int, int] = {}
+        self.snapshots: list[tuple[float, dict[int, tuple[str, float]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -195,19 +198,51 @@ class RssSampler:
             return
         while not self._stop.is_set():
             try:
-                children = root.children(recursive=True)
+                processes = [root, *root.children(recursive=True)]
             except psutil.Error:
                 return
-            for proc in children:
+            cpu = {}
+            for proc in processes:
                 try:
-                    if self.select(proc, self.root):
+                    times = proc.cpu_times()
+                    cpu[proc.pid] = (_label(proc), times.user + times.system)
+                    if proc.pid != self.root and self.select(proc, self.root):
                         self.peaks[proc.pid] = max(self.peaks.get(proc.pid, 0), _vm_hwm_kib(proc.pid))
                 except (psutil.Error, OSError):
                     continue
+            self.snapshots.append((time.time(), cpu))
             self._stop.wait(self.interval_s)
 
     def peaks_mib(self) -> list[float]:
         return sorted(round(kib / 1024, 1) for kib in self.peaks.values())
+
+    def cpu_cores(self, start: float, end: float) -> dict[str, float]:
+        """CPU used between `start` and `end` per kind of process, in cores (CPU-seconds per second)."""
+        inside = [s for s in self.snapshots if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {}
+        (t1, first), (t2, last) = inside[0], inside[-1]
+        used: dict[str, float] = {}
+        for pid, (label, cpu) in last.items():
+            if pid in first:
+                used[label] = used.get(label, 0.0) + (cpu - first[pid][1]) / (t2 - t1)
+        return used
+
+
+def _label(proc) -> str:
+    """`ray::TrainController`, `raylet`, `torchrun_fsdp.py`, ...: what a process is, without its pid."""
+    cmd = proc.cmdline()
+    if not cmd:
+        return proc.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split(".")[0].split()[0]
+    head = os.path.basename(cmd[0])
+    if head.startswith("python"):
+        rest = [a for a in cmd[1:] if a != "-u"]
+        if rest[:1] == ["-m"]:
+            return rest[1]
+        return os.path.basename(rest[0]) if rest else head
+    return head
 
 
 def _vm_hwm_kib(pid: int) -> int:

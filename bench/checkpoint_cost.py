@@ -4,10 +4,11 @@ it under 5% of training time.
     python bench/checkpoint_cost.py [--interval 50] [--rounds 3] [--no-record]
 
 Part A (standalone, torch.distributed.checkpoint only): 2 gloo processes train the demo model with
-trainlift's own step (`recipe.train_step`) and save with trainlift's shard writer. Stretches of
-`--interval` steps run with no save, a synchronous save at their end, or an async save started at their
-end (at most one in flight: the next save waits for the previous one), in rotating order; the overhead is
-the extra wall time against the no-save stretches.
+trainlift's own step (`recipe.train_step`) and save with trainlift's shard writer. Blocks of
+`--rounds` stretches of `--interval` steps run with no save, a synchronous save at each stretch's end, an
+async save started at each stretch's end (at most one in flight: a save first waits for the previous
+one; the block ends when the last is written), and no save again; the overhead is the extra wall time
+against the no-save stretches.
 Part B (in a real run): `trainlift train` with a checkpoint every 10 steps; the gap a checkpoint step
 leaves between two step ends, minus a normal step, is what one checkpoint boundary costs trainlift.
 """
@@ -19,7 +20,7 @@ import json
 import os
 import shutil
 import socket
-import tempfile
+import statistics
 import time
 from pathlib import Path
 
@@ -69,8 +70,8 @@ def worker(rank: int, world: int, port: int, model_path: str, interval: int, rou
     results = {v: [] for v in VARIANTS}
     saves = {"sync": [], "async_blocking": [], "async_flight": []}
     pending = None
-    for r in range(rounds):
-        for variant in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+    for variant in ("none", "sync", "async", "none"):
+        for r in range(rounds):
             dist.barrier()
             t0 = time.perf_counter()
             train(interval)
@@ -86,22 +87,16 @@ def worker(rank: int, world: int, port: int, model_path: str, interval: int, rou
                 pending = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{out_dir}/async-{r}",
                                          process_group=ckpt_group)
                 saves["async_blocking"].append(time.perf_counter() - s0)
-                started = s0
-                pending.add_done_callback(lambda _f, started=started: saves["async_flight"].append(time.perf_counter() - started))
+                pending.add_done_callback(lambda _f, s0=s0: saves["async_flight"].append(time.perf_counter() - s0))
+                if r == rounds - 1:  # the last save's remaining write belongs to this block
+                    pending.result()
             dist.barrier()
             results[variant].append(time.perf_counter() - t0)
-    if pending is not None:
-        pending.result()
-    # An async save still in flight at a stretch's end slows the next stretch, whichever variant it is.
-    dist.barrier()
-    t0 = time.perf_counter()
-    train(5)
-    step_s = (time.perf_counter() - t0) / 5
     size = sum(f.stat().st_size for f in Path(f"{out_dir}/sync-0").rglob("*") if f.is_file())
     gathered = [None] * world
     dist.all_gather_object(gathered, {"results": results, "saves": saves})
     if rank == 0:
-        (Path(out_dir) / "result.json").write_text(json.dumps({"ranks": gathered, "step_s": step_s, "bytes": size}))
+        (Path(out_dir) / "result.json").write_text(json.dumps({"ranks": gathered, "bytes": size}))
     dist.destroy_process_group()
 
 
@@ -141,7 +136,8 @@ def main() -> None:
     b = in_run(model, work, bl.clean_env(TRAINLIFT_HOME=str(work / "home")), args.run_steps, 10)
     shutil.rmtree(work, ignore_errors=True)
 
-    stretch = {v: bl.median([max(r["results"][v][i] for r in a["ranks"]) for i in range(args.rounds)]) for v in VARIANTS}
+    stretch = {v: statistics.mean(max(r["results"][v][i] for r in a["ranks"]) for i in range(len(a["ranks"][0]["results"][v])))
+               for v in VARIANTS}
     saves = {k: bl.median([x for r in a["ranks"] for x in r["saves"][k]]) for k in a["ranks"][0]["saves"]}
     step_s = stretch["none"] / args.interval
     rows = []
@@ -154,8 +150,8 @@ def main() -> None:
     b_steps = int(-(-boundary / (TARGET / (1 - TARGET) * b["normal"])))
     body = [
         f"Demo model ({a['bytes'] / 2**20:.1f} MiB per checkpoint: fp32 weights + AdamW state, 2 shards), 2 gloo "
-        f"workers, 1 thread each, local disk. Part A: {args.rounds} stretches of {args.interval} steps per variant "
-        f"(median training step {step_s * 1000:.0f} ms; no-save stretch {stretch['none']:.2f} s); async saves use "
+        f"workers, 1 thread each, local disk. Part A: {args.rounds} stretches of {args.interval} steps per variant, "
+        f"no-save stretches before and after the others (mean training step {step_s * 1000:.0f} ms; no-save stretch {stretch['none']:.2f} s); async saves use "
         f"their own gloo group and at most one is in flight (median {saves['async_flight']:.3f} s from start to "
         "written).\n",
         bl.table(["variant", "blocking s per save", f"stretch of {args.interval} steps + save, s",

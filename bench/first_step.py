@@ -16,7 +16,9 @@ import argparse
 import glob
 import json
 import os
+import re
 import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -141,6 +143,21 @@ def local_head(action: str, env: dict, port: int) -> float:
     return out
 
 
+def recipe_import_profile(env: dict) -> tuple[float, list[tuple[str, float]]]:
+    """`python -X importtime` of `import trainlift.train.recipe` in an interpreter that already has torch and
+    ray.train.torch, as a Ray Train worker has when it unpickles the train function."""
+    code = ("import sys, time, torch, ray.train.torch\nsys.stderr.write('RECIPE\\n')\nt = time.perf_counter()\n"
+            "import trainlift.train.recipe\nprint(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    rows = []
+    for line in out.stderr.split("RECIPE\n", 1)[1].splitlines():
+        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( +)(\S+)", line)
+        if match and len(match[2]) <= 5 and int(match[1]) >= 20_000:
+            rows.append(("· " * (len(match[2]) // 2) + f"`{match[3]}`", int(match[1]) / 1e6))
+    return float(out.stdout.strip()), rows[::-1]
+
+
 def free_port() -> int:
     import socket
 
@@ -196,6 +213,8 @@ def main() -> None:
             print(f"round {n + 1} {mode}: {results[mode][-1]['ttfs']:.2f} s", flush=True)
         order.reverse()
 
+    loads.append(bl.wait_for_quiet())
+    recipe_s, recipe_rows = recipe_import_profile(bl.clean_env(OMP_NUM_THREADS="1"))
     ttfs = {mode: med([r["ttfs"] for r in runs]) for mode, runs in results.items()}
     ratio_warm, ratio_cold = ttfs["warm"] / ttfs["torchrun"], ttfs["cold"] / ttfs["torchrun"]
     verdict = "met" if ratio_warm <= TARGET else "missed"
@@ -221,7 +240,11 @@ def main() -> None:
             "\nPython processes Ray starts after `fit()` in the last warm run (seconds after `fit()` began):\n",
             bl.table(["actor", "created s", "`import ray` done s", "`import torch` done s"],
                      [[p["actor"], fmt(p["created"]), fmt(p["ray_imported"]), fmt(p["torch_imported"])]
-                      for p in results["warm"][-1]["processes"]])]
+                      for p in results["warm"][-1]["processes"]]),
+            f"\nImporting `trainlift.train.recipe` (what a worker does when it unpickles the train function, after "
+            f"torch and ray.train.torch are in) takes {recipe_s:.2f} s in a quiet interpreter; the modules behind it "
+            "(`python -X importtime`, cumulative, ≥ 20 ms):\n",
+            bl.table(["module (nesting)", "cumulative s"], [[name, f"{sec:.2f}"] for name, sec in recipe_rows])]
     bl.record("2. Time to first step", loads, "\n".join(body))
 
 

@@ -40,6 +40,21 @@ def trainlift_periods(run: dict, warmup: int) -> tuple[list[float], list[float]]
     return bl.periods([r["time"] for r in rows])[warmup:], [r["step_time_s"] for r in rows][warmup + 1:]
 
 
+def cpu_rows(pairs: list[dict]) -> list[list[str]]:
+    labels = sorted({k for p in pairs for side in ("a_cpu", "b_cpu") for k in p[side]},
+                    key=lambda k: -max(p[side].get(k, 0.0) for p in pairs for side in ("a_cpu", "b_cpu")))
+    rows = []
+    for label in labels:
+        a, b = (bl.median([p[side].get(label, 0.0) for p in pairs]) for side in ("a_cpu", "b_cpu"))
+        if a >= 0.005 or b >= 0.005:
+            rows.append([f"`{label}`", f"{a:.3f}" if a else "—", f"{b:.3f}" if b else "—"])
+    workers = ("ray::RayTrainWorker", "torchrun_fsdp.py")
+    for name, pick in (("all training workers", lambda k: k in workers), ("everything else", lambda k: k not in workers)):
+        a, b = (bl.median([sum(v for k, v in p[side].items() if pick(k)) for p in pairs]) for side in ("a_cpu", "b_cpu"))
+        rows.append([f"**{name}**", f"{a:.3f}", f"{b:.3f}"])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=3)
@@ -64,14 +79,17 @@ def main() -> None:
         loads.append(bl.wait_for_quiet())
         b = bl.torchrun_loop(spec_args, env, args.steps, args.warmup, sample_memory=True)
         a_periods, a_inside = trainlift_periods(a, args.warmup)
+        a_window = (a["steps"][args.warmup]["time"], a["steps"][-1]["time"])
         pairs.append({"a": bl.median(a_periods), "a_inside": bl.median(a_inside), "b": b["result"]["median_step_s"],
                       "a_tok": a["summary"]["tokens_per_s"], "b_tok": b["result"]["tokens_per_s"],
                       "a_rss": a["peak_rss_mib"], "b_rss": b["peak_rss_mib"],
+                      "a_cpu": a["sampler"].cpu_cores(*a_window),
+                      "b_cpu": b["sampler"].cpu_cores(*b["result"]["steady_window"]),
                       "b_threads": b["result"]["workers"]})
         print(f"pair {n + 1}: trainlift {pairs[-1]['a'] * 1000:.1f} ms, torchrun {pairs[-1]['b'] * 1000:.1f} ms", flush=True)
 
-    threads = [json.loads(line) for line in log.read_text().splitlines() if '"train_loop start"' in line]
-    a_threads = sorted({(t["torch_threads"], t["omp_num_threads"]) for t in threads})
+    starts = [json.loads(line) for line in log.read_text().splitlines() if '"train_loop start"' in line]
+    a_threads = sorted({(t["torch_threads"], t["omp_num_threads"]) for t in starts})
     b_threads = sorted({(w["torch_threads"], w["omp_num_threads"]) for p in pairs for w in p["b_threads"]})
     a_med, b_med = bl.median([p["a"] for p in pairs]), bl.median([p["b"] for p in pairs])
     ratio = a_med / b_med
@@ -89,7 +107,10 @@ def main() -> None:
                   "(a) tokens/s", "(b) tokens/s"], rows),
         f"\n**Ratio (a)/(b) = {ratio:.3f}** (target ≤ {TARGET}): **{'met' if ratio <= TARGET else 'missed'}**. "
         "\"Inside train_step\" is trainlift's own `step_time_s` (batch building through optimizer step); the rest "
-        "of (a) is the per-step metrics row, progress update and stop-request poll.",
+        "of (a) is the per-step metrics row, progress update and stop-request poll.\n",
+        "CPU used during the timed steps, in cores (CPU-seconds per second, median over pairs) by each kind of "
+        "process the run started; the machine has 2:\n",
+        bl.table(["process", "(a) trainlift run", "(b) torchrun run"], cpu_rows(pairs)),
     ]
     bl.record("1. Step overhead", loads, "\n".join(body))
 
@@ -101,12 +122,18 @@ def main() -> None:
     mem_rows = [[n + 1, ", ".join(f"{r:.0f}" for r in p["a_rss"]), ", ".join(f"{r:.0f}" for r in p["b_rss"])]
                 for n, p in enumerate(pairs)]
     mem_rows.append(["median", f"{bl.median(a_rss):.0f}", f"{bl.median(b_rss):.0f}"])
+    a_start = [t["rss_mib"] for t in starts]
+    b_start = [w["rss_before_data_mib"] for p in pairs for w in p["b_threads"]]
     mem_body = [
-        "Peak resident set (VmHWM, MiB) of each training worker process, sampled every 0.25 s in the runs of "
+        "Peak resident set (VmHWM, MiB) of each training worker process, sampled every 0.5 s in the runs of "
         "benchmark 1 (trainlift: the two `RayTrainWorker` actors; torchrun: its two worker processes). "
         "trainlift's workers also run the initial and final evaluation, the DCP checkpoint and (rank 0) the export.\n",
         bl.table(["pair", "trainlift workers MiB", "torchrun workers MiB"], mem_rows),
-        f"\n**trainlift / torchrun = {mem_ratio:.2f}** per worker (no numeric target).\n",
+        f"\n**trainlift / torchrun = {mem_ratio:.2f}** per worker (no numeric target). Before any data or model is "
+        f"loaded (trainlift: entering the train loop; torchrun: after the process group) a worker already holds "
+        f"{bl.median(a_start):.0f} MiB (trainlift) against {bl.median(b_start):.0f} MiB (torchrun), a "
+        f"{bl.median(a_start) - bl.median(b_start):.0f} MiB gap, against "
+        f"{bl.median(a_rss) - bl.median(b_rss):.0f} MiB between the peaks.\n",
         "Peak RSS of a fresh interpreter that only imports each side's modules:\n",
         bl.table(["imports", "MiB"], imports),
     ]

@@ -4,10 +4,10 @@
 
 Same model, data, packing, micro-batch, sequence length, optimizer and loss as
 `trainlift train` on the same spec; no Ray, no checkpoints, no evaluation, no
-metrics sink. Prints one JSON line: median steady-state step time and
-tokens/s, the threads each worker computes with, each worker's peak RSS, and
-(when BENCH_T0 holds the launch time) the time to the first optimizer step
-with a timestamp per start-up phase.
+metrics sink. Prints one JSON line: median steady-state step time and tokens/s,
+the threads each worker computes with, each worker's RSS before it loads data
+and its peak RSS, and (when BENCH_T0 holds the launch time) the time to the
+first optimizer step with a timestamp per start-up phase.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     marks["process_group"] = time.time()
+    rss_before_data_mib = resident_mib()
     spec = load_job_spec(args.spec, args.overrides)
     if rank == 0 and spec.model.config is not None:
         materialize(spec.model.path, spec.model.config, spec.model.tokenizer, spec.train.seed)
@@ -79,7 +80,8 @@ def main() -> None:
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     threads = {"torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "peak_rss_mib": peak_rss_mib, **threads})
+    dist.all_gather_object(gathered, {"rank": rank, "peak_rss_mib": peak_rss_mib, "rss_before_data_mib": rss_before_data_mib,
+                                      **threads})
     if rank == 0:
         periods = [b - a for a, b in zip(step_ends, step_ends[1:])][args.warmup:]
         steady_tokens = sum(tokens[args.warmup + 1:])
@@ -88,11 +90,17 @@ def main() -> None:
             "runner": "torchrun", "steps": args.steps, "world_size": world,
             "median_step_s": statistics.median(periods),
             "tokens_per_s": steady_tokens / sum(periods) if periods else None,
+            "steady_window": [step_ends[args.warmup], step_ends[-1]],
             "workers": gathered,
             "time_to_first_step_s": step_ends[0] - t0 if t0 else None,
             "phases": {k: v - t0 for k, v in marks.items()} if t0 else None,
         }), flush=True)
     dist.destroy_process_group()
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
 
 
 if __name__ == "__main__":

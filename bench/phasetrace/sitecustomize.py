@@ -39,6 +39,11 @@ def process_created() -> float:
     return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def resident_mib() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
 def traced(name: str, fn, first_calls: int | None = None):
     calls = [0]
 
@@ -61,7 +66,8 @@ def traced_train_loop(fn):
     def wrapper(config):
         import torch
 
-        emit("train_loop start", torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
+        emit("train_loop start", torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+             rss_mib=resident_mib())
         return fn(config)
 
     return wrapper
