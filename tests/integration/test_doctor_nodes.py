@@ -3,82 +3,35 @@
 from __future__ import annotations
 
 import json
-import os
+import runpy
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
-BIN = os.path.dirname(sys.executable)
-WAIT_FOR_NODES = """
-import sys, time, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-deadline = time.time() + 90
-while sum(n["Alive"] for n in ray.nodes()) < int(sys.argv[2]) and time.time() < deadline:
-    time.sleep(0.5)
-print(sum(n["Alive"] for n in ray.nodes()))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ports() -> list[str]:
-    # Ray picks the other ports itself; these two have fixed defaults that other clusters on this machine hold.
-    return ["--dashboard-agent-listen-port", str(_free_port()), "--ray-client-server-port", str(_free_port())]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "FI_", "RAY_ADDRESS"))}
-    # A private test cluster: no token, so it never touches the user's ~/.ray token.
-    return {**env, "RAY_AUTH_MODE": "disabled", **extra}
+nodes = runpy.run_path(str(Path(__file__).with_name("ray_nodes.py")))
+BIN = nodes["BIN"]
+_env = nodes["env"]
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster():
     temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
-    port = _free_port()
+    port = nodes["free_port"]()
     address = f"127.0.0.1:{port}"
-    common = ["--num-cpus=1", "--block"]
-    procs = []
+    started = []
     try:
-        procs.append(subprocess.Popen(
-            [f"{BIN}/ray", "start", "--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
-             *common, *_ports()],
-            env=_env(FI_PROVIDER="efa", NCCL_SOCKET_IFNAME="eth0"), start_new_session=True,
-            stdout=open(os.path.join(temp, "head.out"), "w"), stderr=subprocess.STDOUT,
-        ))
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        procs.append(subprocess.Popen(
-            [f"{BIN}/ray", "start", f"--address={address}", *common, *_ports()[:2]],
-            env=_env(FI_PROVIDER="sockets", NCCL_SOCKET_IFNAME="lo"), start_new_session=True,
-            stdout=open(os.path.join(temp, "worker.out"), "w"), stderr=subprocess.STDOUT,
-        ))
-        alive = subprocess.run([sys.executable, "-c", WAIT_FOR_NODES, address, "2"], env=_env(),
-                               capture_output=True, text=True, timeout=120)
-        assert alive.stdout.strip().endswith("2"), alive.stdout + alive.stderr
+        started.append(nodes["start_node"](temp, "head", port=port, FI_PROVIDER="efa", NCCL_SOCKET_IFNAME="eth0"))
+        started.append(nodes["start_node"](temp, "worker", head_address=address, FI_PROVIDER="sockets",
+                                           NCCL_SOCKET_IFNAME="lo"))
+        nodes["wait_for_nodes"](address, 2)
         yield address
     finally:
-        for proc in procs:  # each `ray start --block` leads its own session: its raylet, GCS and workers
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
+        for node in started:
+            node.kill()
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -107,7 +60,7 @@ def test_every_node_is_probed_once_and_the_misconfigured_node_is_named(two_node_
 @pytest.mark.timeout(60)
 def test_an_unreachable_address_fails_fast_with_a_clear_error():
     start = time.time()
-    proc = subprocess.run([f"{BIN}/trainlift", "doctor", "--address", f"127.0.0.1:{_free_port()}"],
+    proc = subprocess.run([f"{BIN}/trainlift", "doctor", "--address", f"127.0.0.1:{nodes['free_port']()}"],
                           env=_env(), capture_output=True, text=True, timeout=30)
     assert time.time() - start <= 15
     assert proc.returncode == 2

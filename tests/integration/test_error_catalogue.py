@@ -106,8 +106,12 @@ CASES = {
     "eval-not-a-model": lambda f, r: ["eval", r, "--data", f"{r}/bad.jsonl"],
     "submit-spec-outside-workdir": lambda f, r: ["submit", f["good"], "--working-dir", f"{r}/blocked"],
     "submit-no-address": lambda f, r: ["submit", "good.yaml", "--working-dir", r],
-    "submit-bad-env": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env", "NOEQUALS",
+    "submit-bad-env": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env", "MY-VAR=1",
                                     "--address", "http://127.0.0.1:9"],
+    "submit-secret-on-command-line": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env",
+                                                   "HF_TOKEN=hf_plantedsecretvalue0123456789"],
+    "submit-env-not-in-shell": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env",
+                                             "TRAINLIFT_UNSET_VARIABLE"],
     "jobs-unreachable-address": lambda f, r: ["jobs", "list", "--address", "http://127.0.0.1:9"],
     "doctor-unreachable-address": lambda f, r: ["doctor", "--address", "127.0.0.1:9"],
     "doctor-log-unreadable": lambda f, r: ["doctor", "nccl-log", f"{r}/missing.log"],
@@ -202,6 +206,7 @@ def test_each_mistake_gets_its_documented_line(case, ws, isolated, recorded):
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1, output
     message = errors[0].removeprefix("error: ").replace(str(root), "<ws>")
+    assert "plantedsecret" not in output  # a refused secret is not echoed back
     if os.environ.get("TRAINLIFT_UPDATE_ERRORS"):
         recorded[case] = (" ".join(argv).replace(str(root), "<ws>"), code, message)
         return

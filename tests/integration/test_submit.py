@@ -26,8 +26,8 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("tlhome")
 
 
-def cli(home, *args, cwd=None, timeout=300):
-    env = {**os.environ, "TRAINLIFT_HOME": str(home), "RAY_ADDRESS": ""}
+def cli(home, *args, cwd=None, timeout=300, **extra_env):
+    env = {**os.environ, "TRAINLIFT_HOME": str(home), "RAY_ADDRESS": "", **extra_env}
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "trainlift", *args], capture_output=True, text=True, cwd=cwd,
                             env=env, timeout=timeout)
@@ -76,7 +76,8 @@ def test_local_status_reports_the_head_and_its_dashboard_listens_on_loopback_onl
 
 
 def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project):
-    result = cli(home, "submit", "job.yaml", "--json", cwd=project)
+    # The token reaches the job from this shell's environment, never through a command line.
+    result = cli(home, "submit", "job.yaml", "--env", "HF_TOKEN", "--json", cwd=project, HF_TOKEN=PLANTED_TOKEN)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["status"] == "SUCCEEDED" and report["created"] and report["time_to_first_step_s"] > 0
@@ -91,7 +92,12 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     assert "trainlift-progress" in logs and '"step": 6' in logs
     assert "not uploading credential-like file .env" in result.stderr
     job_info = json.dumps(json.loads(cli(home, "jobs", "status", job_id, "--json").stdout))
-    assert PLANTED_TOKEN not in logs + job_info + result.stdout + result.stderr
+    metrics = (project / "runs" / "sub" / "metrics.jsonl").read_text()
+    assert PLANTED_TOKEN not in logs + job_info + result.stdout + result.stderr + metrics
+    from trainlift.ops import jobs
+
+    runtime_env = jobs.client(head["dashboard_url"]).get_job_info(job_id).runtime_env
+    assert runtime_env["env_vars"]["HF_TOKEN"] == PLANTED_TOKEN  # it did reach the job
 
 
 def test_uploads_skip_git_run_directories_and_credentials(home, head, project):

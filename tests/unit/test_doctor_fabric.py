@@ -58,6 +58,13 @@ def test_at_or_above_the_floor_is_ok():
     assert f.severity == "ok" and "meets" in f.message
 
 
+def test_a_given_floor_is_named_as_given_and_judged_like_the_catalog_floor():
+    [low] = fabric_findings(result(0.004, backend="gloo"), None, 0.05, floor_from="given")
+    assert low.severity == "error" and "below the given floor 0.05 GB/s" in low.message
+    [high] = fabric_findings(result(0.3, backend="gloo"), None, 0.05, floor_from="given")
+    assert high.severity == "ok" and "meets the given floor" in high.message
+
+
 def test_without_a_floor_the_bandwidth_is_reported_not_judged():
     [f] = fabric_findings(result(0.5, backend="gloo"), None, None)
     assert f.severity == "ok" and "no floor" in f.message and f.fix

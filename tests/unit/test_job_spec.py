@@ -34,6 +34,23 @@ def test_overrides_keep_yaml_types():
     assert spec.train.steps == 7 and spec.train.lr == pytest.approx(1e-4) and spec.scaling.workers == "auto"
 
 
+def test_workers_as_a_range_is_elastic_and_checked():
+    spec = validate_job_spec(apply_overrides(dict(MINIMAL), ["scaling.workers=[2, 4]"]))
+    assert spec.scaling.elastic and (spec.scaling.min_workers, spec.scaling.max_workers) == (2, 4)
+    assert not validate_job_spec({**MINIMAL, "scaling": {"workers": [3, 3]}}).scaling.elastic
+    with pytest.raises(SpecError, match=r"scaling\.workers: a range \[min, max\] needs 1 <= min <= max \(got \[4, 2\]\)"):
+        validate_job_spec({**MINIMAL, "scaling": {"workers": [4, 2]}})
+
+
+def test_fewer_elastic_workers_take_more_micro_batches_to_keep_the_global_batch():
+    from trainlift.train.recipe import micro_batches_per_step
+
+    elastic = validate_job_spec({**MINIMAL, "scaling": {"workers": [1, 4]}, "train": {"grad_accum": 2}})
+    assert [micro_batches_per_step(elastic, world) for world in (4, 2, 1, 3)] == [2, 4, 8, 3]
+    fixed = validate_job_spec({**MINIMAL, "train": {"grad_accum": 2}})
+    assert micro_batches_per_step(fixed, 1) == 2  # a fixed size keeps grad_accum, as given
+
+
 def test_override_without_equals_is_a_spec_error():
     with pytest.raises(SpecError, match="KEY=VALUE"):
         apply_overrides({}, ["train.steps"])

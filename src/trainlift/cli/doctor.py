@@ -146,6 +146,9 @@ def fabric(
     workers: int = typer.Option(2, "--workers", min=1, help="Ray Train workers (one per GPU on GPU nodes)."),
     sizes: str = typer.Option("1M,16M,128M", "--sizes", help="Buffer sizes (K, M, G = powers of 1024)."),
     instance_type: Optional[str] = typer.Option(None, "--instance-type", help="Compare with this type's busbw floor."),
+    floor_gbps: Optional[float] = typer.Option(
+        None, "--floor-gbps", min=0, help="Fail when all_reduce busbw at the largest size is below this many GB/s "
+        "(instead of the instance type's floor)."),
     as_json: bool = typer.Option(False, "--json", help="Print one row per op and size as JSON."),
 ) -> None:
     """Time all_reduce, all_gather and reduce_scatter across Ray Train workers; report algbw and busbw."""
@@ -168,9 +171,10 @@ def fabric(
         result = run_fabric(workers=workers, sizes=byte_sizes)
     finally:
         ray.shutdown()
-    floor = profile.busbw_floor_gbps if profile else None
     name = profile.instance_type if profile else None
-    result.findings = sort_findings(fabric_findings(result, name, floor, profile.efa_interfaces if profile else 0))
+    floor = floor_gbps if floor_gbps is not None else profile.busbw_floor_gbps if profile else None
+    result.findings = sort_findings(fabric_findings(result, name, floor, profile.efa_interfaces if profile else 0,
+                                                    floor_from="given" if floor_gbps is not None else None))
     if as_json:
         print_json({**result.to_dict(), "instance_type": name, "floor_gbps": floor, "ok": not has_errors(result.findings)})
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -23,11 +24,23 @@ ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `tra
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
+    """`KEY=VALUE`, or `KEY` alone for the value this shell has; a secret never comes on the command line."""
+    from trainlift.render.rules import looks_secret
+
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env {pair!r}: expected KEY=VALUE")
+        if not key.isidentifier():
+            raise UsageError(f"--env {key[:40]!r}: expected KEY=VALUE, or KEY to pass this shell's value")
+        if not sep:
+            if key not in os.environ:
+                raise UsageError(f"--env {key}: not set in this shell", hint=f"export {key}=... first")
+            value = os.environ[key]
+        elif looks_secret(key, value):
+            # The value is not echoed: it is the thing being protected.
+            raise UsageError(f"--env {key}=...: a secret on the command line lands in shell history and process "
+                             "lists", hint=f"export {key} and pass --env {key}, or use a Kubernetes Secret "
+                             "(cluster spec `secrets`) on EKS")
         env[key] = value
     return env
 
@@ -78,7 +91,8 @@ def submit(
     follow: bool = typer.Option(True, "--follow/--detach", help="Stream logs and progress until the job ends."),
     submission_id: Optional[str] = typer.Option(None, help="Job id (default: derived from run name and spec content)."),
     pip: List[str] = typer.Option([], "--pip", help="Extra pip package for the job's environment (repeatable)."),
-    env: List[str] = typer.Option([], "--env", help="Environment variable K=V for the job (repeatable)."),
+    env: List[str] = typer.Option([], "--env", help="Environment variable for the job: KEY=VALUE, or KEY to pass "
+                                  "this shell's value (the only way for tokens; repeatable)."),
     working_dir: Path = typer.Option(Path("."), help="Project directory shipped as the job's working_dir."),
     exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
@@ -93,6 +107,7 @@ def submit(
     from trainlift.config.job import load_job_spec
     from trainlift.ops import jobs, workdir
 
+    env_vars = _parse_env(env)
     root = working_dir.resolve()
     spec_path = spec_file.resolve()
     if not spec_path.is_relative_to(root):
@@ -114,7 +129,7 @@ def submit(
     for name in plan.credentials:
         err_console.print(f"[yellow]warning:[/] not uploading credential-like file {name}")
     entry = jobs.entrypoint(spec_path.relative_to(root).as_posix(), overrides)
-    runtime_env = jobs.runtime_env(root, plan.excludes, list(pip), _parse_env(env))
+    runtime_env = jobs.runtime_env(root, plan.excludes, list(pip), env_vars)
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
     job_client = jobs.client(address)
     submitted_at = time.time()

@@ -66,7 +66,7 @@ def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_di
         spec_path = job_path.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         spec_path = job_path.name
-    workers = job.scaling.workers if isinstance(job.scaling.workers, int) else None
+    workers = job.scaling.min_workers  # an elastic job can start on its minimum
     return JobInputs(
         name=job.run.name,
         spec_path=spec_path,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,8 +82,10 @@ def train(
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
                 progress.update(task, completed=row["step"], info=note)
 
-        summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step,
-                               skip_doctor=skip_doctor, on_update=on_update)
+        # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
+        with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
+            summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step,
+                                   skip_doctor=skip_doctor, on_update=on_update)
 
     if json_out:
         print_json(summary)

@@ -62,7 +62,9 @@ class TrainSection(_Section):
 
 
 class ScalingSection(_Section):
-    workers: int | Literal["auto"] = Field(2, description="Ray Train workers; auto: one per GPU in the cluster.")
+    workers: int | Literal["auto"] | tuple[int, int] = Field(
+        2, description="Ray Train workers; auto: one per GPU in the cluster; [min, max]: elastic, the run goes on "
+        "with as few as min workers when nodes are lost (micro-batches per step grow to keep the global batch).")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpus_per_worker: int = Field(1, gt=0)
     expect_fabric: Literal["any", "efa", "socket"] = Field(
@@ -70,10 +72,25 @@ class ScalingSection(_Section):
 
     @field_validator("workers")
     @classmethod
-    def _positive(cls, value: int | str) -> int | str:
+    def _positive(cls, value: int | str | tuple[int, int]) -> int | str | tuple[int, int]:
         if isinstance(value, int) and value < 1:
             raise ValueError("must be at least 1")
+        if isinstance(value, tuple) and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"a range [min, max] needs 1 <= min <= max (got {list(value)})")
         return value
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.workers, tuple) and self.workers[0] < self.workers[1]
+
+    @property
+    def max_workers(self) -> int | None:
+        """The most workers the run asks for; None for auto."""
+        return self.workers[1] if isinstance(self.workers, tuple) else None if self.workers == "auto" else self.workers
+
+    @property
+    def min_workers(self) -> int | None:
+        return self.workers[0] if isinstance(self.workers, tuple) else self.max_workers
 
 
 class CheckpointSection(_Section):

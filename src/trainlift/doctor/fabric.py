@@ -235,8 +235,10 @@ def run_fabric(
             trainer.fit()
             metrics = ray.get(sink.get.remote())
         except Exception as exc:  # Ray wraps worker failures in its own error types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TrainliftError(f"the fabric run failed: {first}", hint="rerun with --debug for the traceback") from exc
+            from trainlift.train.launch import _root_cause
+
+            raise TrainliftError(f"the fabric run failed: {_root_cause(exc)}",
+                                 hint="rerun with --debug for the traceback") from exc
         finally:
             ray.kill(sink)
     if metrics is None:
@@ -249,9 +251,12 @@ def run_fabric(
 
 def fabric_findings(
     result: FabricResult, instance_type: str | None, floor_gbps: float | None, efa_interfaces: int = 0,
+    floor_from: str | None = None,
 ) -> list[Finding]:
-    """Judge a sweep: largest all_reduce against the floor, and the transport NCCL logged."""
+    """Judge a sweep: largest all_reduce against the floor (the instance type's, or `floor_from` names where it
+    came from), and the transport NCCL logged."""
     findings = []
+    floor_name = f"{floor_from or instance_type} floor"
     big = max((r for r in result.rows if r.op == "all_reduce"), key=lambda r: r.bytes, default=None)
     if big is None:
         pass
@@ -261,19 +266,19 @@ def fabric_findings(
         findings.append(Finding(
             "fabric_floor", "ok",
             f"all_reduce busbw {big.busbw_gbps:.2f} GB/s at {_human(big.bytes)} ({result.backend}); no floor to compare",
-            "pass --instance-type to compare with the catalog floor",
+            "pass --instance-type to compare with the catalog floor, or --floor-gbps",
         ))
     elif big.busbw_gbps < floor_gbps:
         findings.append(Finding(
             "fabric_floor", "error",
-            f"all_reduce busbw {big.busbw_gbps:.2f} GB/s at {_human(big.bytes)} is below the {instance_type} floor "
-            f"{floor_gbps:g} GB/s: likely a TCP fallback",
+            f"all_reduce busbw {big.busbw_gbps:.2f} GB/s at {_human(big.bytes)} is below the {floor_name} "
+            f"{floor_gbps:g} GB/s: likely a TCP fallback or a degraded link",
             "check the NCCL transport (trainlift doctor nccl-log), NCCL_NET and the EFA device in each pod",
         ))
     else:
         findings.append(Finding(
             "fabric_floor", "ok",
-            f"all_reduce busbw {big.busbw_gbps:.2f} GB/s at {_human(big.bytes)} meets the {instance_type} floor {floor_gbps:g} GB/s",
+            f"all_reduce busbw {big.busbw_gbps:.2f} GB/s at {_human(big.bytes)} meets the {floor_name} {floor_gbps:g} GB/s",
         ))
     if any(r.method != NATIVE for r in result.rows):
         findings.append(Finding("fabric_method", "warning", f"reduce_scatter timed as {EMULATED_RS} (no native op on {result.backend})"))

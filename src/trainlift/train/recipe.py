@@ -60,11 +60,20 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def micro_batches_per_step(spec: JobSpec, world: int) -> int:
+    """`train.grad_accum`, raised when an elastic run has fewer than its max workers, so that a step still
+    covers the global batch of max workers (exactly when max * grad_accum divides by world)."""
+    if not spec.scaling.elastic:
+        return spec.train.grad_accum
+    return max(1, -(-spec.train.grad_accum * spec.scaling.max_workers // world))
+
+
 def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, world: int, device) -> list[dict]:
     """This worker's micro-batches for the step that starts at the global `cursor`."""
     per_micro = spec.train.micro_batch_size * world
-    indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * spec.train.grad_accum)
-    micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(spec.train.grad_accum)]
+    accum = micro_batches_per_step(spec, world)
+    indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * accum)
+    micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(accum)]
     return [to_device(data.collate([packed.rows[j] for j in data.rank_slice(m, rank, world)]), device) for m in micro]
 
 
@@ -205,7 +214,7 @@ def train_loop_per_worker(config: dict) -> None:
     initial_eval = run_eval(step) if step == 0 else None
     if rank == 0 and board is not None:
         board.update.remote({"event": "start", "step": step, "resumed_from": resumed_from, "world": world})
-    per_micro_rows = world * spec.train.micro_batch_size * spec.train.grad_accum
+    rows_per_step = world * spec.train.micro_batch_size * micro_batches_per_step(spec, world)
     timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
     first_step = step
     stop_requests = StopRequests(board, rank)
@@ -214,10 +223,10 @@ def train_loop_per_worker(config: dict) -> None:
         batches = step_batches(train_data, spec, cursor, rank, world, device)
         loss, grad_norm, tokens = train_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, world, device)
         step_time = time.perf_counter() - t0
-        step, cursor = step + 1, cursor + per_micro_rows
+        step, cursor = step + 1, cursor + rows_per_step
         if step > first_step + 1:  # the first step after (re)start carries warm-up costs
             timed_tokens, timed_seconds = timed_tokens + tokens, timed_seconds + step_time
-        row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+        row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "world": world,
                "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
                "mfu": metrics.mfu(tokens / step_time / world, fpt, peak), "time": time.time()}
         sink.write(row)

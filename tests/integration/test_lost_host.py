@@ -1,0 +1,173 @@
+"""Two hosts on this machine: a Ray head and a Ray worker node, each in its own network namespace, joined by a
+veth pair (10.250.0.1 <-> 10.250.0.2, nothing else reachable). Needs root, as CI has.
+
+- A throttled link (`tc netem` rate where the kernel has it, else the `tbf` token bucket) makes
+  `trainlift doctor fabric --address` report all_reduce bandwidth below the floor it is given; the same
+  command on the unthrottled link meets that floor.
+- Taking the link down in the middle of an elastic run (`scaling.workers: [1, 2]`) ends in a resumed,
+  finished run on the head alone, within a stated time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+nodes = runpy.run_path(str(Path(__file__).with_name("ray_nodes.py")))
+pytestmark = pytest.mark.slow
+
+HOSTS = (("tlhost-a", "tlveth-a", "10.250.0.1"), ("tlhost-b", "tlveth-b", "10.250.0.2"))
+GCS_PORT = 6390
+FLOOR_GBPS = 0.02  # 160 Mbit/s: well below the unthrottled veth under gloo, far above the throttled link
+THROTTLE = "20mbit"
+LOSS_TO_FINISH_S = 300  # the stated bound: a lost host ends in a finished run (or an error) within this
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def remove_namespaces() -> None:
+    for netns, _, _ in HOSTS:
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
+def create_namespaces() -> None:
+    remove_namespaces()
+    (ns_a, veth_a, _), (ns_b, veth_b, _) = HOSTS
+    ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
+    for netns, veth, address in HOSTS:
+        ip("netns", "add", netns)
+        ip("link", "set", veth, "netns", netns)
+        ip("-n", netns, "addr", "add", f"{address}/24", "dev", veth)
+        ip("-n", netns, "link", "set", veth, "up")
+        ip("-n", netns, "link", "set", "lo", "up")
+        # Ray finds its node address from the route to a public address (no packet is sent); the route ends at
+        # the other namespace, which forwards nothing.
+        ip("-n", netns, "route", "add", "default", "dev", veth)
+
+
+def throttle(on: bool) -> str:
+    """Limit both directions of the link; returns the qdisc used."""
+    used = ""
+    for netns, veth, _ in HOSTS:
+        subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", veth, "root"], capture_output=True)
+        if not on:
+            continue
+        for qdisc in (["netem", "rate", THROTTLE], ["tbf", "rate", THROTTLE, "burst", "32kb", "latency", "400ms"]):
+            if subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", veth, "root", *qdisc],
+                              capture_output=True).returncode == 0:
+                used = qdisc[0]
+                break
+        else:
+            raise RuntimeError("neither the netem nor the tbf qdisc is available")
+    return used
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root; CI runs as root")
+    create_namespaces()
+    temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
+    (ns_a, veth_a, ip_a), (ns_b, veth_b, ip_b) = HOSTS
+    address = f"{ip_a}:{GCS_PORT}"
+    started = []
+    try:
+        # Gloo finds its own address from the host name unless told the interface: here, the veth.
+        started.append(nodes["start_node"](temp, "head", port=GCS_PORT, ip=ip_a, netns=ns_a,
+                                           GLOO_SOCKET_IFNAME=veth_a, **nodes["FAST_NODE_DEATH"]))
+        started.append(nodes["start_node"](temp, "worker", head_address=address, ip=ip_b, netns=ns_b,
+                                           GLOO_SOCKET_IFNAME=veth_b))
+        nodes["wait_for_nodes"](address, 2, netns=ns_a)
+        yield SimpleNamespace(address=address, head_ns=ns_a)
+    finally:
+        for node in started:
+            node.kill()
+        remove_namespaces()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def trainlift(host, *args: str, **kwargs):
+    """`trainlift ARGS` run on the head's host (inside its namespace)."""
+    cmd = nodes["in_netns"](host.head_ns, [f"{nodes['BIN']}/trainlift", *args])
+    return cmd, nodes["env"](**kwargs.pop("env", {}))
+
+
+def fabric(host) -> tuple[int, dict]:
+    cmd, env = trainlift(host, "doctor", "fabric", "--address", host.address, "--workers", "2", "--sizes", "1M",
+                         "--floor-gbps", str(FLOOR_GBPS), "--json")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_a_throttled_link_is_reported_below_the_floor(two_hosts):
+    code, fast = fabric(two_hosts)
+    qdisc = throttle(True)
+    try:
+        slow_code, slow = fabric(two_hosts)
+    finally:
+        throttle(False)
+
+    def floor_finding(report):
+        return next(f for f in report["findings"] if f["rule"] == "fabric_floor")
+
+    busbw = {name: max(r["busbw_gbps"] for r in report["rows"] if r["op"] == "all_reduce")
+             for name, report in (("free", fast), ("throttled", slow))}
+    print(f"all_reduce 1 MiB busbw: {busbw['free']:.3f} GB/s free, {busbw['throttled']:.4f} GB/s with {qdisc} "
+          f"{THROTTLE}")
+    assert fast["world_size"] == 2 and code == 0 and floor_finding(fast)["severity"] == "ok"
+    assert slow_code == 1 and not slow["ok"]
+    finding = floor_finding(slow)
+    assert finding["severity"] == "error" and f"below the given floor {FLOOR_GBPS:g} GB/s" in finding["message"]
+    assert busbw["throttled"] < FLOOR_GBPS < busbw["free"]
+
+
+def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_assets, tmp_path):
+    steps, every = 10, 3
+    spec = {"model": {"path": str(tiny_assets / "model")},
+            "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64},
+            "train": {"steps": steps, "micro_batch_size": 2, "warmup_steps": 1, "lr": 1e-3},
+            "scaling": {"workers": [1, 2]}, "checkpoint": {"every_steps": every, "keep": 2},
+            "run": {"name": "lost-host", "storage": str(tmp_path / "runs"), "max_failures": 2}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    run_dir = tmp_path / "runs" / "lost-host"
+    # Right after the loss Ray Train may still count the lost node's CPU and try two workers; that try ends
+    # after this start timeout (Ray's default is 60 s) and the next one fits the head alone.
+    cmd, env = trainlift(two_hosts, "train", str(job), "--address", two_hosts.address, "--json",
+                         env={"TRAINLIFT_HOME": str(tmp_path / "home"), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "15"})
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / f"checkpoint_{every:08d}" / "COMPLETE").exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no first checkpoint in 240 s"
+        time.sleep(0.2)
+    ip("-n", two_hosts.head_ns, "link", "set", HOSTS[0][1], "down")
+    lost_at = time.time()
+    out, err = proc.communicate(timeout=LOSS_TO_FINISH_S)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+
+    assert summary["finished"] and summary["steps"] == steps and summary["world_size"] == 1
+    resumed = int(summary["resumed_from"].rsplit("_", 1)[1])
+    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    before = [r for r in rows if r["time"] < lost_at]
+    after = [r for r in rows if r["time"] >= lost_at]
+    assert {r["world"] for r in before} == {2} and {r["world"] for r in after} == {1}
+    assert after[0]["step"] == resumed + 1 and after[-1]["step"] == steps
+    assert 0 <= max(r["step"] for r in before) - resumed <= every
+    assert (run_dir / "final" / "model.safetensors").is_file()
+    print(f"link down after step {max(r['step'] for r in before)}; resumed from step {resumed} on the head; first "
+          f"step {after[0]['time'] - lost_at:.1f} s and finish {time.time() - lost_at:.1f} s after the loss")
