@@ -96,7 +96,7 @@ def trainlift_marks(events: list[dict], first_step_t: float) -> tuple[dict, list
         imports = {x["event"]: x["t"] for x in events if x["pid"] == e["pid"] and x["event"].startswith("import ")}
         processes.append({"pid": e["pid"], "actor": names.get(e["pid"], "?"), "created": e["at"] - fit,
                           "ray_imported": imports.get("import ray", e["at"]) - fit,
-                          "torch_imported": imports.get("import torch", float("nan")) - fit})
+                          "torch_imported": imports["import torch"] - fit if "import torch" in imports else None})
     return marks, processes
 
 
@@ -135,12 +135,11 @@ def run_torchrun(env: dict, model: str, log: Path) -> dict:
             "threads": (result["workers"][0]["torch_threads"], result["workers"][0]["omp_num_threads"])}
 
 
-def local_head(action: str, env: dict, port: int) -> float:
+def local_head(action: str, env: dict, port: int) -> None:
     cmd = [str(bl.BIN / "trainlift"), "local", action] + (["--port", str(port)] if action == "up" else [])
     out = subprocess.run(cmd, cwd=bl.REPO, env=env, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(f"trainlift local {action} failed: {out.stderr[-2000:]}")
-    return out
 
 
 def recipe_import_profile(env: dict) -> tuple[float, list[tuple[str, float]]]:
@@ -188,8 +187,8 @@ def main() -> None:
     log = work / "phases.jsonl"
     trace = {"PYTHONPATH": str(bl.REPO / "bench" / "phasetrace"), "BENCH_PHASE_LOG": str(log)}
     cold_env = bl.clean_env(TRAINLIFT_HOME=str(work / "home-cold"), **trace)
-    # A driver attaching to an existing head does not pick up Ray's token file by itself (see BENCHMARKS.md).
-    warm_env = bl.clean_env(TRAINLIFT_HOME=str(work / "home-warm"), RAY_AUTH_MODE="token", **trace)
+    # `trainlift train` finds the head `trainlift local up` recorded in TRAINLIFT_HOME and attaches with its token.
+    warm_env = bl.clean_env(TRAINLIFT_HOME=str(work / "home-warm"), **trace)
     port = free_port()
 
     results, loads, up_times = defaultdict(list), [], []
@@ -219,7 +218,7 @@ def main() -> None:
     ratio_warm, ratio_cold = ttfs["warm"] / ttfs["torchrun"], ttfs["cold"] / ttfs["torchrun"]
     verdict = "met" if ratio_warm <= TARGET else "missed"
     rows = [[mode, fmt(ttfs[mode]), " ".join(fmt(r["ttfs"], ".1f") for r in results[mode]),
-             fmt(ttfs[mode] / ttfs["torchrun"]), f"{results[mode][0]['threads'][0]} (OMP_NUM_THREADS={results[mode][0]['threads'][1]})"]
+             fmt(ttfs[mode] / ttfs["torchrun"]), "{} (OMP_NUM_THREADS={})".format(*results[mode][0]["threads"])]
             for mode in ("torchrun", "cold", "warm")]
     body = [f"Time from launching the command to the end of the first optimizer step, demo config, 2 workers, "
             f"{args.pairs} rounds (order rotated each round). The warm head was started with `trainlift local up` "

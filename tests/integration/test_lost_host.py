@@ -5,7 +5,8 @@ veth pair (10.250.0.1 <-> 10.250.0.2, nothing else reachable). Needs root, as CI
   `trainlift doctor fabric --address` report all_reduce bandwidth below the floor it is given; the same
   command on the unthrottled link meets that floor.
 - Taking the link down in the middle of an elastic run (`scaling.workers: [1, 2]`) ends in a resumed,
-  finished run on the head alone, within a stated time.
+  finished run on the head alone, within a stated time; with a fixed size (2 workers) it ends in one clear
+  error within that time, not a hang.
 """
 
 from __future__ import annotations
@@ -83,14 +84,24 @@ def two_hosts():
     (ns_a, veth_a, ip_a), (ns_b, veth_b, ip_b) = HOSTS
     address = f"{ip_a}:{GCS_PORT}"
     started = []
+
+    def start_worker_host() -> None:
+        started.append(nodes["start_node"](temp, f"worker{len(started)}", head_address=address, ip=ip_b, netns=ns_b,
+                                           GLOO_SOCKET_IFNAME=veth_b))
+        nodes["wait_for_nodes"](address, 2, netns=ns_a)
+
+    def reconnect() -> None:
+        """The link back up and a fresh worker host (the lost one was declared dead and does not come back)."""
+        started.pop().kill()
+        ip("-n", ns_a, "link", "set", veth_a, "up")
+        start_worker_host()
+
     try:
         # Gloo finds its own address from the host name unless told the interface: here, the veth.
         started.append(nodes["start_node"](temp, "head", port=GCS_PORT, ip=ip_a, netns=ns_a,
                                            GLOO_SOCKET_IFNAME=veth_a, **nodes["FAST_NODE_DEATH"]))
-        started.append(nodes["start_node"](temp, "worker", head_address=address, ip=ip_b, netns=ns_b,
-                                           GLOO_SOCKET_IFNAME=veth_b))
-        nodes["wait_for_nodes"](address, 2, netns=ns_a)
-        yield SimpleNamespace(address=address, head_ns=ns_a)
+        start_worker_host()
+        yield SimpleNamespace(address=address, head_ns=ns_a, reconnect=reconnect)
     finally:
         for node in started:
             node.kill()
@@ -134,19 +145,20 @@ def test_a_throttled_link_is_reported_below_the_floor(two_hosts):
     assert busbw["throttled"] < FLOOR_GBPS < busbw["free"]
 
 
-def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_assets, tmp_path):
-    steps, every = 10, 3
+def train_then_cut_the_link(host, tiny_assets, tmp_path, workers, steps: int = 10, every: int = 3):
+    """Start a run on the two hosts, take the link down once its first checkpoint is complete; returns
+    (process, run directory, time of the cut)."""
     spec = {"model": {"path": str(tiny_assets / "model")},
             "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64},
             "train": {"steps": steps, "micro_batch_size": 2, "warmup_steps": 1, "lr": 1e-3},
-            "scaling": {"workers": [1, 2]}, "checkpoint": {"every_steps": every, "keep": 2},
-            "run": {"name": "lost-host", "storage": str(tmp_path / "runs"), "max_failures": 2}}
+            "scaling": {"workers": workers}, "checkpoint": {"every_steps": every, "keep": 2},
+            "run": {"name": "lost-host", "storage": str(tmp_path / "runs"), "max_failures": 1}}
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
     run_dir = tmp_path / "runs" / "lost-host"
     # Right after the loss Ray Train may still count the lost node's CPU and try two workers; that try ends
-    # after this start timeout (Ray's default is 60 s) and the next one fits the head alone.
-    cmd, env = trainlift(two_hosts, "train", str(job), "--address", two_hosts.address, "--json",
+    # after this start timeout (Ray's default is 60 s).
+    cmd, env = trainlift(host, "train", str(job), "--address", host.address, "--json",
                          env={"TRAINLIFT_HOME": str(tmp_path / "home"), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "15"})
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -154,13 +166,22 @@ def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_a
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "no first checkpoint in 240 s"
         time.sleep(0.2)
-    ip("-n", two_hosts.head_ns, "link", "set", HOSTS[0][1], "down")
-    lost_at = time.time()
-    out, err = proc.communicate(timeout=LOSS_TO_FINISH_S)
+    ip("-n", host.head_ns, "link", "set", HOSTS[0][1], "down")
+    return proc, run_dir, time.time()
+
+
+def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_assets, tmp_path):
+    steps, every = 10, 3
+    proc, run_dir, lost_at = train_then_cut_the_link(two_hosts, tiny_assets, tmp_path, [1, 2], steps, every)
+    try:
+        out, err = proc.communicate(timeout=LOSS_TO_FINISH_S)
+    finally:
+        two_hosts.reconnect()  # for the next test; an elastic run would start on whatever fits at that moment
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out)
 
     assert summary["finished"] and summary["steps"] == steps and summary["world_size"] == 1
+    assert summary["resumed_from"], (summary, err[-4000:], (run_dir / "metrics.jsonl").read_text()[-3000:])
     resumed = int(summary["resumed_from"].rsplit("_", 1)[1])
     rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     before = [r for r in rows if r["time"] < lost_at]
@@ -171,3 +192,12 @@ def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_a
     assert (run_dir / "final" / "model.safetensors").is_file()
     print(f"link down after step {max(r['step'] for r in before)}; resumed from step {resumed} on the head; first "
           f"step {after[0]['time'] - lost_at:.1f} s and finish {time.time() - lost_at:.1f} s after the loss")
+
+
+def test_losing_the_link_with_a_fixed_size_ends_in_one_clear_error(two_hosts, tiny_assets, tmp_path):
+    proc, _, lost_at = train_then_cut_the_link(two_hosts, tiny_assets, tmp_path, workers=2)
+    _, err = proc.communicate(timeout=LOSS_TO_FINISH_S)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    print(f"fixed size: error {time.time() - lost_at:.1f} s after the loss: {lines}")
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err
+    assert "2 workers" in lines[0] and "scaling.workers" in lines[0]
