@@ -119,7 +119,8 @@ def measure(config, device, args, ac: bool, compiled: bool, peak: float | None) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 config, seq 64, batch 2: a smoke run for any machine")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a tiny Qwen2 config, seq 64, batch 2: a smoke run for any machine")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median (at most steps-1)")
     parser.add_argument("--batch", type=int, default=None, help="micro-batch (default 4; 2 with --tiny)")

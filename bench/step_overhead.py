@@ -40,6 +40,10 @@ def trainlift_periods(run: dict, warmup: int) -> tuple[list[float], list[float]]
     return bl.periods([r["time"] for r in rows])[warmup:], [r["step_time_s"] for r in rows][warmup + 1:]
 
 
+def fmt_threads(pairs) -> str:
+    return ", ".join(f"{threads} (OMP_NUM_THREADS={omp})" for threads, omp in pairs)
+
+
 def cpu_rows(pairs: list[dict]) -> list[list[str]]:
     labels = sorted({k for p in pairs for side in ("a_cpu", "b_cpu") for k in p[side]},
                     key=lambda k: -max(p[side].get(k, 0.0) for p in pairs for side in ("a_cpu", "b_cpu")))
@@ -58,7 +62,8 @@ def cpu_rows(pairs: list[dict]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60, help="steps per run; keep below the demo's 100-step eval/checkpoint interval")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps per run; keep below the demo's 100-step eval/checkpoint interval")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the median")
     bl.add_common_args(parser)
     args = parser.parse_args()
@@ -99,8 +104,9 @@ def main() -> None:
                  f"{b_med * 1000:.1f}", f"{ratio:.3f}", "", ""])
     body = [
         f"Demo config (seq_len 128, micro-batch 8 per worker, grad_accum 1), 2 workers, {args.steps} steps per run, "
-        f"median over steps {args.warmup + 2}–{args.steps}, pairs run A then B. Threads per worker: trainlift "
-        f"{a_threads} and torchrun {b_threads} as (torch.get_num_threads(), OMP_NUM_THREADS) — Ray sets "
+        f"median over steps {args.warmup + 2}–{args.steps}, pairs run A then B. Threads per worker, as the workers "
+        f"reported them (torch.get_num_threads(), OMP_NUM_THREADS): trainlift {fmt_threads(a_threads)}, torchrun "
+        f"{fmt_threads(b_threads)} — Ray sets "
         "OMP_NUM_THREADS=1 for a 1-CPU worker and torchrun sets it to 1 when it launches more than one process; "
         "neither was set by hand.\n",
         bl.table(["pair", "(a) trainlift ms/step", "(a) inside train_step ms", "(b) torchrun ms/step", "(a)/(b)",
