@@ -5,12 +5,15 @@ import pyarrow.fs as pafs
 from trainlift.train import checkpoint
 
 FS = pafs.LocalFileSystem()
+SHARDS = (".metadata", "__0_0.distcp", "__1_0.distcp", checkpoint.TRAINER_STATE, "rng_rank0.pt", "rng_rank1.pt")
 
 
 def make(run, step, complete):
+    """A checkpoint directory of a 2-rank save: every file on disk, plus the marker when `complete`."""
     path = run / checkpoint.dir_name(step)
     path.mkdir(parents=True)
-    (path / "__0_0.distcp").write_bytes(b"x")
+    for name in SHARDS:
+        (path / name).write_bytes(b"x")
     if complete:
         checkpoint.mark_complete(FS, str(path), step, world_size=2)
     return path
@@ -48,3 +51,32 @@ def test_other_directories_are_ignored(tmp_path):
     (tmp_path / "checkpoint_abc").mkdir()
     make(tmp_path, 5, complete=True)
     assert [s for s, _, _ in checkpoint.list_checkpoints(FS, str(tmp_path))] == [5]
+
+
+def test_every_shard_without_the_marker_still_is_not_a_checkpoint(tmp_path):
+    """A save killed between the shard upload and the marker looks whole on disk; it must not be resumed from."""
+    make(tmp_path, 3, complete=False)
+    assert checkpoint.latest_complete(FS, str(tmp_path)) is None
+    make(tmp_path, 6, complete=True)
+    make(tmp_path, 9, complete=False)
+    assert checkpoint.latest_complete(FS, str(tmp_path)) == (6, str(tmp_path / "checkpoint_00000006"))
+
+
+def test_prune_keep_1_keeps_the_newest_complete_while_a_newer_save_is_unfinished(tmp_path):
+    """keep=1 with a save in flight (or killed) past it: the only checkpoint a restart can use survives,
+    and so does the newer directory, which may still be receiving shards."""
+    make(tmp_path, 3, complete=True)
+    make(tmp_path, 6, complete=True)
+    make(tmp_path, 9, complete=False)
+    assert checkpoint.prune(FS, str(tmp_path), keep=1) == [str(tmp_path / "checkpoint_00000003")]
+    left = [(s, done) for s, _, done in checkpoint.list_checkpoints(FS, str(tmp_path))]
+    assert left == [(6, True), (9, False)]
+    assert checkpoint.latest_complete(FS, str(tmp_path))[0] == 6
+    assert checkpoint.prune(FS, str(tmp_path), keep=1) == []
+
+
+def test_prune_without_a_complete_checkpoint_deletes_nothing(tmp_path):
+    """A first save killed before its marker: pruning has no newest checkpoint to measure against, so it waits."""
+    make(tmp_path, 3, complete=False)
+    assert checkpoint.prune(FS, str(tmp_path), keep=1) == []
+    assert [s for s, _, _ in checkpoint.list_checkpoints(FS, str(tmp_path))] == [3]

@@ -121,13 +121,15 @@ def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
 
 
 def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int, str | None]:
-    """Restore from Ray Train's latest checkpoint if it is complete, else the newest complete one."""
+    """Restore from the newest complete checkpoint in the run directory. Ray Train's latest reported checkpoint
+    can lag behind it (the controller registers a report only when it next polls the workers, so reports made
+    shortly before a worker died are lost); it is taken only when it is complete and newer."""
+    latest = checkpoint.latest_complete(fs, run_path)
+    source = ray.train.Checkpoint(latest[1], filesystem=fs) if latest else None
     reported = ray.train.get_checkpoint()
-    if reported is not None and checkpoint.is_complete(reported.filesystem, reported.path):
+    if (reported is not None and checkpoint.is_complete(reported.filesystem, reported.path)
+            and (latest is None or (checkpoint.step_of(reported.path) or -1) > latest[0])):
         source = reported
-    else:
-        latest = checkpoint.latest_complete(fs, run_path)
-        source = ray.train.Checkpoint(latest[1], filesystem=fs) if latest else None
     if rank == 0:
         checkpoint.remove_unfinished_after(fs, run_path, checkpoint.step_of(source.path) if source else -1)
     if source is None:
