@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray Train's controller polls workers every 2 s by default: each boundary report() and each failure waits for
+# that poll. Polling faster changes no outcome, only how long the suite waits (it reaches subprocesses too).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 @pytest.fixture(scope="session")

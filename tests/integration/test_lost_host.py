@@ -159,7 +159,7 @@ def train_then_cut_the_link(host, tiny_assets, tmp_path, workers, steps: int = 1
     # Right after the loss Ray Train may still count the lost node's CPU and try two workers; that try ends
     # after this start timeout (Ray's default is 60 s).
     cmd, env = trainlift(host, "train", str(job), "--address", host.address, "--json",
-                         env={"TRAINLIFT_HOME": str(tmp_path / "home"), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "15"})
+                         env={"TRAINLIFT_HOME": str(tmp_path / "home"), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"})
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not (run_dir / f"checkpoint_{every:08d}" / "COMPLETE").exists():

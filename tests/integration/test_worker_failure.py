@@ -33,6 +33,13 @@ TIMEOUT_S = 180  # any single wait of the killer thread; a stuck wait fails the 
 FS = pafs.LocalFileSystem()
 
 
+@pytest.fixture(autouse=True)
+def ray_default_poll(monkeypatch):
+    """Ray Train's default 2 s controller poll, which the suite otherwise shortens: the lag it leaves between
+    storage and Ray's reported checkpoint is what the resume logic must see through."""
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Watching the run from the driver: its metrics rows and its worker processes
 

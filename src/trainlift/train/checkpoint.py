@@ -9,7 +9,9 @@ Layout under the run directory (local path or s3://, through a pyarrow filesyste
     COMPLETE                       written last, once every rank has finished
 
 A directory without COMPLETE is never resumed from, and is removed once a
-newer checkpoint is complete.
+newer checkpoint is complete. COMPLETE is only written after the files every
+rank uploaded are listed in storage: an upload can lose files without an error
+(pyarrow's copy_files to S3 drops a failed part upload on the floor).
 """
 
 from __future__ import annotations
@@ -63,7 +65,30 @@ def latest_complete(fs: pafs.FileSystem, run_path: str) -> tuple[int, str] | Non
     return complete[-1] if complete else None
 
 
+class IncompleteCheckpointError(OSError):
+    """A checkpoint's upload finished without all of its files in storage."""
+
+
+def missing_files(fs: pafs.FileSystem, path: str, world_size: int) -> list[str]:
+    """Files a checkpoint saved by `world_size` ranks needs that are not in `path` (`__<r>_*.distcp` per rank)."""
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    present = {info.base_name for info in infos if info.type == pafs.FileType.File}
+    missing = [name for name in (".metadata", TRAINER_STATE) if name not in present]
+    for rank in range(world_size):
+        if not any(name.startswith(f"__{rank}_") and name.endswith(".distcp") for name in present):
+            missing.append(f"__{rank}_0.distcp")
+        if f"rng_rank{rank}.pt" not in present:
+            missing.append(f"rng_rank{rank}.pt")
+    return missing
+
+
 def mark_complete(fs: pafs.FileSystem, path: str, step: int, world_size: int) -> None:
+    """Write COMPLETE, after checking that every rank's files reached storage."""
+    missing = missing_files(fs, path, world_size)
+    if missing:
+        raise IncompleteCheckpointError(
+            f"{path.rstrip('/').rsplit('/', 1)[-1]} was not fully uploaded (missing {', '.join(missing)}), "
+            f"so it is not marked {MARKER}")
     with fs.open_output_stream(f"{path}/{MARKER}") as out:
         out.write(json.dumps({"step": step, "world_size": world_size, "time": time.time()}).encode())
 

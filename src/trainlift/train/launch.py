@@ -26,6 +26,7 @@ from trainlift.train.preflight import NCCL_LOG_ENV
 from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
+START_RETRIES = 3  # worker-group starts that time out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) before giving up
 
 
 def _local(path: str | None) -> str | None:
@@ -137,8 +138,10 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
 
 def _progress_board():
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    @ray.remote(num_cpus=0)
+    # On the driver's node, like Ray Train's controller: losing another node must not take the board with it.
+    @ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False))
     class ProgressBoard:
         """Rank 0 posts each step here without waiting; the driver polls it for the progress bar."""
 
@@ -211,7 +214,20 @@ def scaling_for(spec: JobSpec, workers: int | None):
     count = workers or spec.scaling.workers
     if count == "auto":
         count = gpus if use_gpu else max(1, int(ray.cluster_resources().get("CPU", 1)) // spec.scaling.cpus_per_worker)
+    if isinstance(count, tuple) and count[0] == count[1]:
+        count = count[0]
+    # A (min, max) tuple makes Ray Train elastic: after a failure it restarts with as many workers as fit.
     return ScalingConfig(num_workers=count, use_gpu=use_gpu, resources_per_worker={"CPU": spec.scaling.cpus_per_worker}), use_gpu
+
+
+def forget_ray_checkpoint_list(spec: JobSpec) -> None:
+    """Ray Train refuses to start a run whose saved checkpoint list names a directory that is gone, and trainlift
+    prunes old checkpoints; the recipe resumes from the newest complete one in storage, so drop Ray's list."""
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(f"{path}/{CHECKPOINT_MANAGER_SNAPSHOT_FILENAME}")
 
 
 def write_summary(spec: JobSpec, summary: dict[str, Any]) -> None:
@@ -241,7 +257,7 @@ def run_training(
     spec = resolve_paths(spec)
     preflight(spec)
     prepare_model(spec)
-    requested = workers or (spec.scaling.workers if isinstance(spec.scaling.workers, int) else 1)
+    requested = workers or spec.scaling.max_workers or 1
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker))
     stop = threading.Event()
     try:
@@ -250,6 +266,7 @@ def run_training(
         if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
             nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
             nccl_env = {**NCCL_LOG_ENV, "NCCL_DEBUG_FILE": f"{nccl_log_prefix}.%h.%p.log"}
+        forget_ray_checkpoint_list(spec)
         board = _progress_board()
         poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
         poller.start()
@@ -263,7 +280,9 @@ def run_training(
             run_config=RunConfig(
                 name=spec.run.name,
                 storage_path=spec.run.storage,
-                failure_config=FailureConfig(max_failures=spec.run.max_failures),
+                # Ray retries a worker group that cannot start (lost node, fixed size) forever by default.
+                failure_config=FailureConfig(max_failures=spec.run.max_failures,
+                                             controller_failure_limit=START_RETRIES),
                 checkpoint_config=CheckpointConfig(num_to_keep=None),
                 worker_runtime_env={"env_vars": nccl_env},
             ),
@@ -272,8 +291,10 @@ def run_training(
             with _stop_on_signals(board):
                 trainer.fit()
         except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
-            raise TrainliftError(f"training failed: {_root_cause(exc)}",
-                                 hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}") from exc
+            cause = _root_cause(exc)
+            raise _storage_failure(spec, cause) or _no_room_failure(spec, cause) or TrainliftError(
+                f"training failed: {cause}",
+                hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}") from exc
         stop.set()
         poller.join(timeout=2)
         if on_update is not None:
@@ -289,6 +310,21 @@ def run_training(
             ray.shutdown()
 
 
+_START_TIMEOUT = re.compile(r"worker group startup timed out after [\d.]+ seconds waiting for (?P<n>\d+) workers")
+
+
+def _no_room_failure(spec: JobSpec, cause: str) -> TrainliftError | None:
+    """Ray Train could not place the worker group, every try: the cluster no longer has room for it."""
+    match = _START_TIMEOUT.search(cause)
+    if match is None:
+        return None
+    return TrainliftError(
+        f"training failed: {match['n']} workers no longer fit the cluster (a node lost?); Ray could not start "
+        f"them in {START_RETRIES + 1} tries",
+        hint=f"bring the nodes back, or make the run elastic with scaling.workers: [min, {match['n']}]; "
+             f"rerunning resumes from the last complete checkpoint in {spec.run_uri}")
+
+
 def _root_cause(exc: BaseException) -> str:
     """The innermost error's own message, out of Ray's wrapping and the remote traceback."""
     while exc.__cause__ is not None:
@@ -298,3 +334,35 @@ def _root_cause(exc: BaseException) -> str:
     if starts:
         return re.sub(r"^[\w.]+: ", "", " ".join(lines[starts[-1]:]))
     return lines[-1] if lines else type(exc).__name__
+
+
+# pyarrow's S3 errors: "When <doing> for key '<key>' in bucket '<b>': AWS Error <CODE> during <Op> operation: <detail>"
+_AWS_ERROR = re.compile(r"AWS Error (?P<code>\w+) during (?P<op>\w+) operation: (?P<detail>.*)")
+_CURL_REASON = re.compile(r"curlCode: \d+, (?P<reason>[^;]+)")
+_CURL_HOST = re.compile(r"Failed to connect to (?P<host>[^\s:]+)(?::| port )(?P<port>\d+)")
+_RESUME_HINT = ("checkpoints without a COMPLETE marker are never resumed from; once the storage works again, "
+                "rerun the same command to resume from the last complete checkpoint")
+
+
+def _storage_failure(spec: JobSpec, cause: str) -> TrainliftError | None:
+    """A failure of object storage during training, as one line naming the run's URI, what broke and how to resume;
+    None when `cause` is not a storage failure (or the run is on a local disk)."""
+    if not spec.is_remote_storage:
+        return None
+    if "was not fully uploaded" in cause:  # checkpoint.IncompleteCheckpointError
+        return TrainliftError(f"training failed: {spec.run_uri}: {cause}",
+                              hint=f"the storage lost part of the upload; {_RESUME_HINT}")
+    aws = _AWS_ERROR.search(cause)
+    if aws is None:
+        return None
+    code, op, detail = aws["code"], aws["op"], aws["detail"]
+    if code == "NETWORK_CONNECTION":
+        host = _CURL_HOST.search(detail)
+        endpoint = (f"{host['host']}:{host['port']}" if host else os.environ.get("AWS_ENDPOINT_URL")) or "S3"
+        reason = _CURL_REASON.search(detail)
+        return TrainliftError(
+            f"training failed: lost the connection to run.storage {spec.run_uri}: the S3 endpoint {endpoint} is "
+            f"unreachable ({reason['reason'].strip() if reason else 'network error'}, during {op})",
+            hint=_RESUME_HINT)
+    return TrainliftError(f"training failed: run.storage {spec.run_uri}: S3 answered {code} to {op} ({detail.strip()})",
+                          hint=_RESUME_HINT)
