@@ -155,6 +155,20 @@ class Killer(threading.Thread):
             raise self.error
 
 
+def train_while(plan, spec) -> tuple[dict, float]:
+    """run_training(spec) with `plan` running next to it; returns the summary and the run's wall time."""
+    killer = Killer(plan)
+    killer.start()
+    started = time.monotonic()
+    try:
+        summary = run_training(spec)
+    finally:
+        RUN_OVER.set()
+    wall = time.monotonic() - started
+    killer.finish()
+    return summary, wall
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Per-kill bookkeeping: what the metrics sequence says about each failure
 
@@ -243,15 +257,7 @@ def test_random_worker_kills_resume_from_the_newest_complete_checkpoint(tiny_spe
             kills.append(Kill(rank, target, delay, t_kill, seen, latest_complete_step(run_dir)))
         rows.first_after(seen)
 
-    killer = Killer(plan)
-    killer.start()
-    started = time.monotonic()
-    try:
-        summary = run_training(spec)
-    finally:
-        RUN_OVER.set()
-    wall = time.monotonic() - started
-    killer.finish()
+    summary, wall = train_while(plan, spec)
 
     assert len(kills) == KILLS_PER_RUN
     assert summary["finished"] and summary["steps"] == STEPS
@@ -323,15 +329,7 @@ def test_kill_between_shard_upload_and_commit_resumes_from_the_previous_checkpoi
             hit["first"] = rows.first_after(seen)
             return
 
-    killer = Killer(plan)
-    killer.start()
-    started = time.monotonic()
-    try:
-        summary = run_training(spec)
-    finally:
-        RUN_OVER.set()
-    wall = time.monotonic() - started
-    killer.finish()
+    summary, wall = train_while(plan, spec)
 
     assert hit, f"no kill landed between upload and commit (missed at steps {misses})"
     step, previous = hit["step"], hit["step"] - K

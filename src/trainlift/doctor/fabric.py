@@ -235,9 +235,9 @@ def run_fabric(
             trainer.fit()
             metrics = ray.get(sink.get.remote())
         except Exception as exc:  # Ray wraps worker failures in its own error types
-            from trainlift.train.launch import _root_cause
+            from trainlift.train.failures import root_cause
 
-            raise TrainliftError(f"the fabric run failed: {_root_cause(exc)}",
+            raise TrainliftError(f"the fabric run failed: {root_cause(exc)}",
                                  hint="rerun with --debug for the traceback") from exc
         finally:
             ray.kill(sink)
