@@ -5,7 +5,7 @@ worker. The loss is the sum of token losses over the whole global batch divided
 by its trainable-token count, so gradients do not depend on how the batch is
 split across workers. `ray.train.report()` is called only at evaluation and
 checkpoint boundaries (it is a cross-worker barrier drained on a 2 s poll);
-per-step metrics go to metrics.jsonl and to the driver's progress board.
+per-step metrics go to metrics.jsonl and, at most twice a second, to the driver's progress board.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from trainlift.config.job import JobSpec
 from trainlift.train import checkpoint, data, metrics, preflight
 from trainlift.train.model import apply_fsdp, flops_per_token, load_model, load_tokenizer
+
+
+BOARD_POST_INTERVAL_S = 0.5  # the driver reads the board this often; posting every step only costs CPU
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -81,10 +84,11 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def accumulate_gradients(model, batches: list[dict], world: int, device) -> tuple[float, float]:
-    """Backward over this worker's micro-batches; returns (global mean loss, global token count)."""
-    local = [float(sum(trainable_tokens(b) for b in batches)), float(sum(b["num_tokens"] for b in batches))]
-    global_trainable, global_tokens = all_reduce_sum(local, device)
+def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0):
+    """Backward over this worker's micro-batches; returns (global mean loss, global token count, stop votes).
+    The stop vote rides on the token-count all-reduce, so asking every rank costs no collective of its own."""
+    local = [float(sum(trainable_tokens(b) for b in batches)), float(sum(b["num_tokens"] for b in batches)), stop_vote]
+    global_trainable, global_tokens, stop_votes = all_reduce_sum(local, device)
     loss_sum = 0.0
     for i, batch in enumerate(batches):
         model.set_requires_gradient_sync(i == len(batches) - 1)
@@ -93,18 +97,19 @@ def accumulate_gradients(model, batches: list[dict], world: int, device) -> tupl
         (loss * world / max(global_trainable, 1.0)).backward()
         loss_sum += loss.item()
     (total_loss,) = all_reduce_sum([loss_sum], device)
-    return total_loss / max(global_trainable, 1.0), global_tokens
+    return total_loss / max(global_trainable, 1.0), global_tokens, stop_votes
 
 
-def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device):
-    """One optimizer step; returns (loss, grad_norm, global tokens)."""
-    loss, tokens = accumulate_gradients(model, batches, world, device)
+def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
+               stop_vote: float = 0.0):
+    """One optimizer step; returns (loss, grad_norm, global tokens, whether any rank voted to stop)."""
+    loss, tokens, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss, float(grad_norm), tokens
+    return loss, float(grad_norm), tokens, stop_votes > 0
 
 
 @torch.no_grad()
@@ -153,22 +158,20 @@ def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, k
 
 class StopRequests:
     """Whether the driver asked the run to stop (SIGTERM/SIGINT): rank 0 polls the progress board without
-    blocking, and one one-element all-reduce per step tells every rank, so all stop at the same step."""
+    blocking and votes in the step's all-reduce (`train_step`), so every rank stops after the same step."""
 
     def __init__(self, board, rank: int):
         self.board = board if rank == 0 else None
         self.pending = self.board.stop_requested.remote() if self.board is not None else None
 
-    def poll(self, device) -> bool:
-        asked = 0.0
+    def vote(self) -> float:
         if self.pending is not None:
             ready, _ = ray.wait([self.pending], timeout=0)
             if ready and ray.get(ready[0]):
-                asked = 1.0
-            elif ready:
+                return 1.0
+            if ready:
                 self.pending = self.board.stop_requested.remote()
-        (total,) = all_reduce_sum([asked], device)
-        return total > 0
+        return 0.0
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -220,10 +223,12 @@ def train_loop_per_worker(config: dict) -> None:
     timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
     first_step = step
     stop_requests = StopRequests(board, rank)
+    post_at = 0.0
     while step < spec.train.steps:
         t0 = time.perf_counter()
         batches = step_batches(train_data, spec, cursor, rank, world, device)
-        loss, grad_norm, tokens = train_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, world, device)
+        loss, grad_norm, tokens, stop_requested = train_step(model, optimizer, scheduler, batches,
+                                                             spec.train.max_grad_norm, world, device, stop_requests.vote())
         step_time = time.perf_counter() - t0
         step, cursor = step + 1, cursor + rows_per_step
         if step > first_step + 1:  # the first step after (re)start carries warm-up costs
@@ -232,8 +237,10 @@ def train_loop_per_worker(config: dict) -> None:
                "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
                "mfu": metrics.mfu(tokens / step_time / world, fpt, peak), "time": time.time()}
         sink.write(row)
-        if rank == 0 and board is not None:
+        stopping = (stop_at is not None and step >= stop_at) or stop_requested
+        if rank == 0 and board is not None and (stopping or step == spec.train.steps or time.monotonic() >= post_at):
             board.update.remote({"event": "step", **row, "total_steps": spec.train.steps})
+            post_at = time.monotonic() + BOARD_POST_INTERVAL_S
         boundary_metrics = {"step": step, "loss": loss}
         if config.get("report_every_step"):  # the reference sample's pattern, kept for the benchmark only
             ray.train.report(boundary_metrics)
@@ -243,7 +250,6 @@ def train_loop_per_worker(config: dict) -> None:
             sink.flush()
             if not (spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0):
                 ray.train.report(boundary_metrics)
-        stopping = (stop_at is not None and step >= stop_at) or stop_requests.poll(device)
         periodic = spec.checkpoint.every_steps and (step % spec.checkpoint.every_steps == 0 or step == spec.train.steps)
         if periodic or (stopping and step < spec.train.steps):
             sink.flush()
