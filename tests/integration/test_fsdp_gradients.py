@@ -31,10 +31,12 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
         rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
         packed = data.prepare(job.data.train, job.data.format, load_tokenizer(job.model), job.data.seq_len)
         model = apply_fsdp(load_model(job.model, job.train.seed), device, bf16=False, activation_checkpointing=False)
-        loss, _ = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device), world, device)
+        # Only rank 1 asks to stop; the vote must reach rank 0 through the step's own all-reduce.
+        loss, _, stop_votes = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device),
+                                                   world, device, stop_vote=float(rank == 1))
         grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
         if rank == 0:
-            torch.save({"loss": loss, "grads": grads}, config["out"])
+            torch.save({"loss": loss, "stop_votes": stop_votes, "grads": grads}, config["out"])
 
     TorchTrainer(loop, train_loop_config={"spec": spec.model_dump(), "out": str(out)},
                  scaling_config=ScalingConfig(num_workers=2)).fit()
@@ -49,6 +51,7 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
     loss = sum(token_loss_sum(model, b) for b in flat) / total_tokens
     loss.backward()
 
+    assert fsdp["stop_votes"] == 1.0
     assert fsdp["loss"] == pytest.approx(loss.item(), rel=1e-6)
     for name, param in model.named_parameters():
         torch.testing.assert_close(fsdp["grads"][name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
