@@ -42,12 +42,14 @@ def main() -> None:
 
     import ray
 
+    from trainlift.ops import localray
+
     os.chdir(bl.REPO)
     work = bl.workdir("trainlift-bench-report-")
     spec_args = [f"model.path={bl.prebuilt_model(work)}", f"train.steps={args.steps}"]
     for key in ("OMP_NUM_THREADS", "RAY_ADDRESS", POLL_ENV):
         os.environ.pop(key, None)
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False, log_to_driver=False)
+    localray.start_in_process(num_cpus=max(os.cpu_count() or 1, 2))
     results, loads = {"every step": [], "boundaries only": []}, []
     try:
         for n in range(args.pairs):

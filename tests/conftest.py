@@ -18,8 +18,10 @@ def ray_local():
     """A real local Ray instance shared across the session (4 logical CPUs on 2 cores)."""
     import ray
 
+    from trainlift.ops import localray
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        localray.start_in_process(num_cpus=4)
     yield ray
     ray.shutdown()
 

@@ -157,6 +157,7 @@ def fabric(
     from trainlift.doctor.fabric import fabric_findings, parse_sizes, run_fabric
     from trainlift.doctor.nodes import connect
     from trainlift.doctor.probe import detect_instance_type
+    from trainlift.ops import localray
 
     byte_sizes = parse_sizes(sizes)
     profile = _instance_profile(instance_type)
@@ -166,7 +167,7 @@ def fabric(
     if address:
         connect(address)
     elif not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        localray.start_in_process()
     try:
         result = run_fabric(workers=workers, sizes=byte_sizes)
     finally:

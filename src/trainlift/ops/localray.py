@@ -1,4 +1,5 @@
-"""A persistent local Ray head with its dashboard, bound to loopback, for `submit` and `train`.
+"""Local Ray: a persistent head with its dashboard, bound to loopback, for `submit` and `train`, and the
+Ray instance `train` and `doctor` embed in their own process when no cluster is given.
 
 `up` starts `ray start --head --block` in its own process group and records
 it in $TRAINLIFT_HOME/local.json (default ~/.trainlift); `down` ends that
@@ -30,10 +31,29 @@ def state_file() -> Path:
     return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "local.json"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
+
+
+def start_in_process(num_cpus: int | None = None) -> str:
+    """Start a Ray instance inside this process, its dashboard on a free loopback port; returns the dashboard URL.
+
+    Ray Train's placement-group cleaner asks the state API whether the run's controller is still alive. Without
+    an API server of its own, that lookup goes to the machine's last `ray start` cluster: a dead one holds up the
+    end of every run by 12 s, a live one is a different cluster. Pointing the job's processes at this instance's
+    own dashboard makes the answer fast and right.
+    """
+    import ray
+
+    port = free_port()
+    url = f"http://{LOOPBACK}:{port}"
+    # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host=LOOPBACK, dashboard_port=port,
+             log_to_driver=False, runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": url}},
+             _system_config={"worker_niceness": 0})
+    return url
 
 
 def _alive(pid: int) -> bool:
@@ -84,11 +104,11 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     if existing is not None:
         return {**existing, "started": False}
     ray_cli = Path(sys.executable).with_name("ray")
-    gcs_port = _free_port()
+    gcs_port = free_port()
     cmd = [str(ray_cli), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}", "--disable-usage-stats",
            # Ray's fixed default ports for these collide with any other Ray instance on the machine.
-           f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+           f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
            '--system-config={"worker_niceness": 0}']
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")

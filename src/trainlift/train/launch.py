@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from trainlift.config.job import JobSpec
 from trainlift.errors import TrainliftError, UsageError
+from trainlift.ops import localray
 from trainlift.train import data, failures
 from trainlift.train.preflight import NCCL_LOG_ENV
 from trainlift.train.model import build_config, materialize, max_positions
@@ -129,9 +130,7 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                                  hint="check the address, or drop --address to run on an embedded local Ray") from None
         return False
-    # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             _system_config={"worker_niceness": 0})
+    localray.start_in_process(num_cpus)
     return True
 
 

@@ -126,22 +126,17 @@ def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
 
 
 def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int, str | None]:
-    """Restore from the newest complete checkpoint in the run directory. Ray Train's latest reported checkpoint
-    can lag behind it (the controller registers a report only when it next polls the workers, so reports made
-    shortly before a worker died are lost); it is taken only when it is complete and newer."""
+    """Restore from the newest complete checkpoint in the run directory. Ray Train's `get_checkpoint()` is not
+    used: the controller registers a report only when it next polls the workers, so it can lag behind what
+    storage holds, and it knows nothing of the COMPLETE marker."""
     latest = checkpoint.latest_complete(fs, run_path)
-    source = ray.train.Checkpoint(latest[1], filesystem=fs) if latest else None
-    reported = ray.train.get_checkpoint()
-    if (reported is not None and checkpoint.is_complete(reported.filesystem, reported.path)
-            and (latest is None or (checkpoint.step_of(reported.path) or -1) > latest[0])):
-        source = reported
     if rank == 0:
-        checkpoint.remove_unfinished_after(fs, run_path, checkpoint.step_of(source.path) if source else -1)
-    if source is None:
+        checkpoint.remove_unfinished_after(fs, run_path, latest[0] if latest else -1)
+    if latest is None:
         return 0, 0, None
-    with source.as_directory() as local_dir:
+    with ray.train.Checkpoint(latest[1], filesystem=fs).as_directory() as local_dir:
         step, cursor = checkpoint.load(local_dir, model, optimizer, scheduler, rank)
-    return step, cursor, source.path
+    return step, cursor, latest[1]
 
 
 def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, keep, report_metrics) -> None:
