@@ -37,6 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def skip_cluster_only_train_features() -> None:
+    """Ray Train's preemption watcher (the only node is this machine) and Prometheus metrics (nothing scrapes
+    them) serve clusters; on one machine they cost every run's start about 2.5 s (2 cores). Off unless the
+    environment sets them; Ray Train reads both in the driver."""
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+
+
 def start_in_process(num_cpus: int | None = None) -> str:
     """Start a Ray instance inside this process, its dashboard on a free loopback port; returns the dashboard URL.
 
@@ -44,15 +52,10 @@ def start_in_process(num_cpus: int | None = None) -> str:
     an API server of its own, that lookup goes to the machine's last `ray start` cluster: a dead one holds up the
     end of every run by 12 s, a live one is a different cluster. Pointing the job's processes at this instance's
     own dashboard makes the answer fast and right.
-
-    Two Ray Train features that serve clusters are off here unless the environment sets them: the preemption
-    watcher (the only node is this machine) and Prometheus metrics (nothing scrapes them); together they cost
-    every run's start about 2.5 s on a 2-core machine.
     """
     import ray
 
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+    skip_cluster_only_train_features()
     port = free_port()
     url = f"http://{LOOPBACK}:{port}"
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.

@@ -125,6 +125,8 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
         try:
             # A head bound to loopback (`trainlift local up`) only accepts a driver that says it is on loopback too.
             local = address.split("://")[-1].startswith(("127.", "localhost"))
+            if local:
+                localray.skip_cluster_only_train_features()
             ray.init(address=address, log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if local else {}))
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
