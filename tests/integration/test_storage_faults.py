@@ -25,7 +25,7 @@ from botocore.config import Config
 BUCKET, PREFIX, RUN = "trainlift-faults", "runs", "faulty"
 RUN_PREFIX = f"{PREFIX}/{RUN}/"
 EXIT_TIMEOUT_S = 150  # from stopping the server to `trainlift train` exiting; longer is a hang
-PUT_DELAY_S = 0.5  # per checkpoint file PUT, so that an upload lasts long enough to be seen in progress
+HOLD_LIMIT_S = 120  # a held upload goes through after this, so a test that never stops the server cannot hang
 
 
 def free_port() -> int:
@@ -54,11 +54,14 @@ class S3Server:
 
     `stop()` closes the listening socket and every open connection, as a crashed server would. While it is
     down a bare TCP listener holds the port and resets each connection, counting them: every count is a
-    client attempt that found no server. `fault(environ)` may answer a request instead of moto."""
+    client attempt that found no server. `fault(environ)` may answer a request instead of moto. Uploads whose
+    path contains `hold` wait until the server is stopped and are then cut off: `held` is set when the first
+    one arrives, so a test can stop the server in the middle of that upload for certain."""
 
-    def __init__(self, port: int, slow_checkpoint_puts: bool = False, fault=None):
+    def __init__(self, port: int, hold: str | None = None, fault=None):
         self.port, self.url = port, f"http://127.0.0.1:{port}"
-        self.slow, self.fault = slow_checkpoint_puts, fault
+        self.hold, self.fault = hold, fault
+        self.held = threading.Event()
         self.attempts_while_down: list[float] = []
         self.moto = self.stub = None
 
@@ -80,8 +83,9 @@ class S3Server:
             return conn, addr
 
         def wrapped(environ, start_response):
-            if self.slow and environ["REQUEST_METHOD"] == "PUT" and "/checkpoint_" in environ["PATH_INFO"]:
-                time.sleep(PUT_DELAY_S)
+            if self.hold and environ["REQUEST_METHOD"] == "PUT" and self.hold in environ["PATH_INFO"]:
+                self.held.set()
+                down.wait(HOLD_LIMIT_S)
             if down.is_set():
                 raise ConnectionAbortedError("the server was stopped while this request waited")
             answer = self.fault(environ, start_response) if self.fault else None
@@ -213,20 +217,16 @@ def test_server_stopped_mid_upload_is_retried_then_one_clear_error_and_rerun_res
     exits non-zero (no hang) with one line naming the run's s3:// URI, the unreachable endpoint and how to
     resume, and no traceback. The half-uploaded checkpoint is not marked COMPLETE, and once S3 is back,
     rerunning the same command resumes from the last complete checkpoint and finishes."""
-    server = S3Server(free_port(), slow_checkpoint_puts=True).start()
+    server = S3Server(free_port(), hold="/checkpoint_00000004/__1_0.distcp").start()  # one shard of the two
     try:
         s3 = server.s3()
         empty_bucket(s3)
         proc = start_train(job, server)
-        deadline, seen = time.monotonic() + 180, None
-        while time.monotonic() < deadline and proc.poll() is None:
-            ckpts = checkpoints(s3)
-            if "COMPLETE" in ckpts.get("checkpoint_00000002", ()) and ckpts.get("checkpoint_00000004"):
-                seen = ckpts["checkpoint_00000004"]
-                break
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not server.held.is_set():
             time.sleep(0.05)
-        assert seen is not None, f"checkpoint_00000004 never started uploading:\n{finish(proc, 60)[1][-3000:]}"
-        assert "COMPLETE" not in seen
+        assert server.held.is_set(), f"checkpoint_00000004 never started uploading:\n{finish(proc, 60)[1][-3000:]}"
+        seen = checkpoints(s3).get("checkpoint_00000004", set())
         server.stop()
         stopped = time.monotonic()
 
@@ -245,11 +245,12 @@ def test_server_stopped_mid_upload_is_retried_then_one_clear_error_and_rerun_res
         attempts = server.attempts_while_down
         assert len(attempts) >= 10 and attempts[-1] - attempts[0] >= 3, attempts
 
+        server.hold = None  # back up, the server takes every upload
         server.start()
         ckpts = checkpoints(s3)
         assert "COMPLETE" in ckpts["checkpoint_00000002"]
-        assert "COMPLETE" not in ckpts["checkpoint_00000004"], ckpts["checkpoint_00000004"]
-        assert needed_files(2) - ckpts["checkpoint_00000004"]  # it really was cut off mid-upload
+        cut_off = ckpts.get("checkpoint_00000004", set())
+        assert "COMPLETE" not in cut_off and needed_files(2) - cut_off, cut_off
         assert_complete_means_whole(s3, ckpts)
 
         proc = start_train(job, server)
