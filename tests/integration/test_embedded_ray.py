@@ -12,17 +12,17 @@ def test_its_processes_reach_its_own_state_api_on_loopback(ray_local):
 
     @ray.remote(num_cpus=0)
     class Probe:
-        def lookup(self, actor_id: str):
+        def lookup_self(self):
             import os
 
             from ray.util.state import get_actor
 
-            state = get_actor(actor_id, timeout=10)
+            state = get_actor(ray.get_runtime_context().get_actor_id(), timeout=10)
             return os.environ["RAY_API_SERVER_ADDRESS"], state.state if state else None
 
     probe = Probe.remote()
     try:
-        url, state = ray.get(probe.lookup.remote(probe._actor_id.hex()), timeout=60)
+        url, state = ray.get(probe.lookup_self.remote(), timeout=60)
     finally:
         ray.kill(probe)
     assert state == "ALIVE"
