@@ -63,7 +63,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool):
-    """Shard every decoder layer, then the root. bf16 compute with fp32 gradient reduction on GPU."""
+    """Shard every decoder layer, then the root, and leave the model in train mode. bf16 compute with fp32
+    gradient reduction on GPU."""
+    # from_pretrained returns eval mode, and HF checkpoints activations (and applies dropout) only in train mode.
+    model.train()
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
