@@ -1,4 +1,5 @@
-"""FSDP2 over 2 Ray Train workers computes the same gradients as one process on the same global batch."""
+"""FSDP2 over 2 Ray Train workers computes the same gradients as one process on the same global batch, whether
+gradient accumulation reduce-scatters after every micro-batch or only after the last (`train.accum_sync`)."""
 
 import pytest
 import torch
@@ -31,16 +32,24 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
         rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
         packed = data.prepare(job.data.train, job.data.format, load_tokenizer(job.model), job.data.seq_len)
         model = apply_fsdp(load_model(job.model, job.train.seed), device, bf16=False, activation_checkpointing=False)
-        # Only rank 1 asks to stop; the vote must reach rank 0 through the step's own all-reduce.
-        loss, _, stop_votes = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device),
-                                                   world, device, stop_vote=float(rank == 1))
-        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+        syncs: list[bool] = []
+        set_sync = model.set_requires_gradient_sync
+        model.set_requires_gradient_sync = lambda flag: (syncs.append(flag), set_sync(flag))[1]
+        results = {}
+        for sync_each in (True, False):  # train.accum_sync: reduce_scatter_every_micro_batch, then last
+            syncs.clear()
+            # Only rank 1 asks to stop; the vote must reach rank 0 through the step's own all-reduce.
+            loss, _, stop_votes = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device),
+                                                       world, device, stop_vote=float(rank == 1), sync_each=sync_each)
+            grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+            results[sync_each] = {"loss": loss, "stop_votes": stop_votes, "grads": grads, "syncs": list(syncs)}
+            model.zero_grad(set_to_none=True)
         if rank == 0:
-            torch.save({"loss": loss, "stop_votes": stop_votes, "grads": grads}, config["out"])
+            torch.save(results, config["out"])
 
     TorchTrainer(loop, train_loop_config={"spec": spec.model_dump(), "out": str(out)},
                  scaling_config=ScalingConfig(num_workers=2)).fit()
-    fsdp = torch.load(out, weights_only=True)
+    by_mode = torch.load(out, weights_only=True)
 
     model = load_model(spec.model, spec.train.seed)
     packed = data.prepare(spec.data.train, spec.data.format, load_tokenizer(spec.model), spec.data.seq_len)
@@ -51,7 +60,20 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
     loss = sum(token_loss_sum(model, b) for b in flat) / total_tokens
     loss.backward()
 
-    assert fsdp["stop_votes"] == 1.0
-    assert fsdp["loss"] == pytest.approx(loss.item(), rel=1e-6)
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(fsdp["grads"][name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # reduce_scatter_every_micro_batch never holds unsharded gradients across micro-batches; last defers the sync.
+    assert by_mode[True]["syncs"] == [True, True]
+    assert by_mode[False]["syncs"] == [False, True]
+    for fsdp in by_mode.values():
+        assert fsdp["stop_votes"] == 1.0
+        assert fsdp["loss"] == pytest.approx(loss.item(), rel=1e-6)
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(fsdp["grads"][name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_accum_sync_default_is_memory_safe_on_gpu(tiny_spec):
+    from trainlift.train.recipe import sync_every_micro_batch
+
+    assert sync_every_micro_batch(tiny_spec(), torch.device("cuda"))
+    assert not sync_every_micro_batch(tiny_spec(), torch.device("cpu"))
+    assert sync_every_micro_batch(tiny_spec("train.accum_sync=reduce_scatter_every_micro_batch"), torch.device("cpu"))
+    assert not sync_every_micro_batch(tiny_spec("train.accum_sync=last"), torch.device("cuda"))

@@ -59,6 +59,10 @@ class TrainSection(_Section):
     max_grad_norm: float = Field(1.0, gt=0)
     eval_every: int = Field(0, ge=0, description="Steps between evaluations; 0: only at the end.")
     seed: int = 0
+    accum_sync: Literal["auto", "reduce_scatter_every_micro_batch", "last"] = Field(
+        "auto", description="When gradients are reduce-scattered during grad_accum: after every micro-batch (sharded "
+        "gradients only; one reduce-scatter per micro-batch) or after the last one (fewer collectives, but every "
+        "worker holds the unsharded fp32 gradients in between); auto: every micro-batch on GPU, last on CPU.")
 
 
 class ScalingSection(_Section):

@@ -84,14 +84,23 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0):
+def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
+    """`train.accum_sync`; auto is the memory-safe choice on GPU and the one with fewer collectives on CPU."""
+    if spec.train.accum_sync == "auto":
+        return device.type != "cpu"
+    return spec.train.accum_sync == "reduce_scatter_every_micro_batch"
+
+
+def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0,
+                         sync_each: bool = True):
     """Backward over this worker's micro-batches; returns (global mean loss, global token count, stop votes).
-    The stop vote rides on the token-count all-reduce, so asking every rank costs no collective of its own."""
+    The stop vote rides on the token-count all-reduce, so asking every rank costs no collective of its own.
+    Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch reduce-scatters them."""
     local = [float(sum(trainable_tokens(b) for b in batches)), float(sum(b["num_tokens"] for b in batches)), stop_vote]
     global_trainable, global_tokens, stop_votes = all_reduce_sum(local, device)
     loss_sum = 0.0
     for i, batch in enumerate(batches):
-        model.set_requires_gradient_sync(i == len(batches) - 1)
+        model.set_requires_gradient_sync(sync_each or i == len(batches) - 1)
         loss = token_loss_sum(model, batch)
         # FSDP averages gradients over workers; scale so the result is the global-batch mean.
         (loss * world / max(global_trainable, 1.0)).backward()
@@ -101,9 +110,9 @@ def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vo
 
 
 def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
-               stop_vote: float = 0.0):
+               stop_vote: float = 0.0, sync_each: bool = True):
     """One optimizer step; returns (loss, grad_norm, global tokens, whether any rank voted to stop)."""
-    loss, tokens, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote)
+    loss, tokens, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
@@ -223,7 +232,8 @@ def train_loop_per_worker(config: dict) -> None:
         t0 = time.perf_counter()
         batches = step_batches(train_data, spec, cursor, rank, world, device)
         loss, grad_norm, tokens, stop_requested = train_step(model, optimizer, scheduler, batches,
-                                                             spec.train.max_grad_norm, world, device, stop_requests.vote())
+                                                             spec.train.max_grad_norm, world, device, stop_requests.vote(),
+                                                             sync_every_micro_batch(spec, device))
         step_time = time.perf_counter() - t0
         step, cursor = step + 1, cursor + rows_per_step
         if step > first_step + 1:  # the first step after (re)start carries warm-up costs
