@@ -229,7 +229,7 @@ def test_unknown_field_walk_honours_preserve_unknown_fields():
 
 def job(**changes: Any) -> JobInputs:
     values: dict[str, Any] = {"name": "Qwen SFT_1", "spec_path": "jobs/sft.yaml", "workers": 8,
-                              "runtime_env": {"working_dir": "s3://bucket/code.zip"}}
+                              "working_dir": "s3://bucket/code.zip", "trainlift_uri": "s3://bucket/trainlift.zip"}
     values.update(changes)
     return JobInputs(**values)
 
@@ -238,10 +238,12 @@ def test_rayjob_on_the_rendered_cluster():
     body = render_rayjob(make(), job(overrides=("run.storage=s3://b/x",)))
     assert crd_problems(body) == []
     assert body["metadata"]["name"] == "qwen-sft-1"
-    assert body["spec"]["entrypoint"] == "trainlift train jobs/sft.yaml --set run.storage=s3://b/x"
+    assert body["spec"]["entrypoint"] == "python -m trainlift train jobs/sft.yaml --set run.storage=s3://b/x"
     assert body["spec"]["clusterSelector"] == {"ray.io/cluster": "train"}
     assert body["spec"]["shutdownAfterJobFinishes"] is False
-    assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {"working_dir": "s3://bucket/code.zip"}
+    assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {
+        "working_dir": "s3://bucket/code.zip", "py_modules": ["s3://bucket/trainlift.zip"],
+        "env_vars": {"PYTHONUNBUFFERED": "1"}}
     assert body["spec"]["submitterConfig"] == {"backoffLimit": 2}
 
 
@@ -258,7 +260,24 @@ def test_rayjob_rules():
     with pytest.raises(SpecError, match=r"scaling\.workers: 16 workers need 16 GPUs; the cluster has 8"):
         render_rayjob(make(), job(workers=16))
     with pytest.raises(SpecError, match=r"runtime_env\.working_dir: \./ is a local path"):
-        render_rayjob(make(), job(runtime_env={"working_dir": "./"}))
+        render_rayjob(make(), job(working_dir="./"))
+    with pytest.raises(SpecError, match=r"runtime_env\.py_modules: no trainlift package is not a remote URI"):
+        render_rayjob(make(), job(trainlift_uri=None))
+
+
+def test_rayjob_starts_the_job_as_submit_does(tmp_path):
+    """The DLC image has no `trainlift` command: the RayJob must run the module that py_modules ships, with the
+    entrypoint and runtime_env `trainlift submit` sends through the Jobs API (only the URIs differ)."""
+    from trainlift.ops import jobs
+
+    overrides = ("run.storage=s3://b/x",)
+    body = render_rayjob(make(), job(overrides=overrides))
+    submitted = jobs.runtime_env(tmp_path, [], [], {})
+    rendered = yaml.safe_load(body["spec"]["runtimeEnvYAML"])
+    assert body["spec"]["entrypoint"] == jobs.entrypoint("jobs/sft.yaml", list(overrides))
+    assert set(rendered) == set(submitted) - {"excludes"}
+    assert rendered["env_vars"] == submitted["env_vars"]
+    assert len(rendered["py_modules"]) == len(submitted["py_modules"]) == 1
 
 
 def test_render_cluster_with_a_job_adds_the_rayjob():

@@ -121,8 +121,8 @@ def test_render_with_a_job_adds_a_rayjob(tmp_path, monkeypatch):
         "scaling: {workers: 8}\nrun: {name: sft-demo}\n"
     )
     result = runner.invoke(app, ["render", str(REFERENCE), "--job", "job.yaml", "-o", "out",
-                                 "--working-dir", "s3://b/code.zip"])
+                                 "--working-dir", "s3://b/code.zip", "--trainlift-uri", "s3://b/trainlift.zip"])
     assert result.exit_code == 0, result.output
     job = (tmp_path / "out" / "k8s" / "30-rayjob.yaml").read_text()
-    assert "entrypoint: trainlift train job.yaml --set run.storage=s3://my-trainlift-checkpoints/ray-train" in job
+    assert "entrypoint: python -m trainlift train job.yaml --set run.storage=s3://my-trainlift-checkpoints/ray-train" in job
     assert "name: sft-demo" in job

@@ -24,7 +24,8 @@ JOB = JobInputs(
     name="qwen2.5-1.5b-sft",
     spec_path="examples/qwen-sft.yaml",
     workers=8,
-    runtime_env={"working_dir": "s3://my-trainlift-checkpoints/code/trainlift-job.zip"},
+    working_dir="s3://my-trainlift-checkpoints/code/trainlift-job.zip",
+    trainlift_uri="s3://my-trainlift-checkpoints/code/trainlift.zip",
     overrides=("run.storage=s3://my-trainlift-checkpoints/ray-train",),
 )
 

@@ -48,7 +48,8 @@ def _read(path: Path) -> str:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_dir: str | None):
+def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_dir: str | None,
+                trainlift_uri: str | None):
     from trainlift.config.job import load_job_spec
     from trainlift.render import JobInputs
 
@@ -71,7 +72,8 @@ def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_di
         name=job.run.name,
         spec_path=spec_path,
         workers=workers,
-        runtime_env={"working_dir": working_dir} if working_dir else {},
+        working_dir=working_dir,
+        trainlift_uri=trainlift_uri,
         shutdown_after_finish=shutdown,
         overrides=overrides,
     )
@@ -91,6 +93,10 @@ def render(
     working_dir: Optional[str] = typer.Option(
         None, "--working-dir", help="Remote URI (s3://.../code.zip) of the job's working dir for the RayJob."
     ),
+    trainlift_uri: Optional[str] = typer.Option(
+        None, "--trainlift-uri", help="Remote URI of a zip with the trainlift package folder at its top "
+        "(cd src && zip -r trainlift.zip trainlift), shipped to the RayJob as py_modules."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
@@ -101,7 +107,7 @@ def render(
     if out is not None and check:
         raise UsageError("render: --check writes nothing; drop -o or --check")
     cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
-    inputs = _job_inputs(job, cluster, job_shutdown, working_dir) if job is not None else None
+    inputs = _job_inputs(job, cluster, job_shutdown, working_dir, trainlift_uri) if job is not None else None
     manifests = render_cluster(cluster, inputs)
     summary: dict[str, Any] = {
         "spec": str(spec_path),

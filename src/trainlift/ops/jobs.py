@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +19,7 @@ from typing import Any, Callable
 import trainlift
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
+from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 
 PROGRESS_PREFIX = "trainlift-progress "
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -82,22 +82,12 @@ def submission_id(run_name: str, spec_text: str, entrypoint: str, runtime_env: d
 
 
 def entrypoint(spec_path: str, overrides: list[str]) -> str:
-    args = ["python", "-m", "trainlift", "train", spec_path]
-    for override in overrides:
-        args += ["--set", override]
-    return shlex.join(args)
+    return job_entrypoint(spec_path, overrides)
 
 
 def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "working_dir": str(working_dir),
-        "excludes": excludes,
-        "py_modules": [str(Path(trainlift.__file__).parent)],
-        "env_vars": {"PYTHONUNBUFFERED": "1", **env_vars},
-    }
-    if pip:
-        env["pip"] = pip
-    return env
+    """The project directory as working_dir and this trainlift package as a py_module, both uploaded by Ray."""
+    return job_runtime_env(str(working_dir), [str(Path(trainlift.__file__).parent)], excludes, pip, env_vars)
 
 
 def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> bool:

@@ -1,4 +1,4 @@
-"""A training job -> KubeRay RayJob running `trainlift train <spec>` on the cluster.
+"""A training job -> KubeRay RayJob running `python -m trainlift train <spec>` on the cluster.
 
 Takes plain inputs, not the job spec model, so it works with any caller that
 knows the job's name, where its spec file sits in the working dir, and its scale.
@@ -7,8 +7,7 @@ knows the job's name, where its spec file sits in the working dir, and its scale
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -16,6 +15,7 @@ import yaml
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import SYSTEM_LABELS
+from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 from trainlift.render.raycluster import MANAGED_BY, raycluster_spec, service_account
 
 # KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
@@ -25,12 +25,15 @@ MAX_NAME = 47
 @dataclass(frozen=True)
 class JobInputs:
     """name: the run's name; spec_path: the job spec's path inside the working dir;
-    workers: Ray Train workers (None: one per GPU); overrides: `--set` values for `trainlift train`."""
+    workers: Ray Train workers (None: one per GPU); overrides: `--set` values for `trainlift train`;
+    working_dir: remote URI of the zipped project; trainlift_uri: remote URI of a zip holding the
+    trainlift package folder (the image has no trainlift)."""
 
     name: str
     spec_path: str
     workers: int | None = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
+    working_dir: str | None = None
+    trainlift_uri: str | None = None
     shutdown_after_finish: bool = False
     overrides: tuple[str, ...] = ()
     ttl_seconds_after_finished: int = 300
@@ -52,22 +55,19 @@ def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
             f"scaling.workers: {job.workers} workers need {job.workers} GPUs; "
             f"the cluster has {cluster.gpu_count}"
         )
-    working_dir = job.runtime_env.get("working_dir")
-    if working_dir is not None and "://" not in str(working_dir):
+    if job.working_dir is not None and "://" not in job.working_dir:
         problems.append(
-            f"runtime_env.working_dir: {working_dir} is a local path; a RayJob submits from inside "
+            f"runtime_env.working_dir: {job.working_dir} is a local path; a RayJob submits from inside "
             "the cluster, so the working dir must be a remote URI (e.g. s3://bucket/code.zip)"
+        )
+    if job.trainlift_uri is None or "://" not in job.trainlift_uri:
+        problems.append(
+            f"runtime_env.py_modules: {job.trainlift_uri or 'no trainlift package'} is not a remote URI; the "
+            "cluster's image has no trainlift, so ship it as a zip (e.g. s3://bucket/trainlift.zip holding trainlift/)"
         )
     if job.ttl_seconds_after_finished < 0:
         problems.append("ttl_seconds_after_finished: must be at least 0")
     return problems
-
-
-def entrypoint(job: JobInputs) -> str:
-    args = ["trainlift", "train", job.spec_path]
-    for override in job.overrides:
-        args += ["--set", override]
-    return shlex.join(args)
 
 
 def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
@@ -99,9 +99,9 @@ def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
     problems = job_problems(cluster, job)
     if problems:
         raise SpecError("; ".join(problems))
-    spec: dict[str, Any] = {"entrypoint": entrypoint(job)}
-    if job.runtime_env:
-        spec["runtimeEnvYAML"] = yaml.safe_dump(job.runtime_env, sort_keys=True, default_flow_style=False)
+    runtime_env = job_runtime_env(job.working_dir, [job.trainlift_uri] if job.trainlift_uri else [])
+    spec: dict[str, Any] = {"entrypoint": job_entrypoint(job.spec_path, job.overrides)}
+    spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True, default_flow_style=False)
     spec["submissionMode"] = "K8sJobMode"
     spec["submitterConfig"] = {"backoffLimit": job.submitter_backoff_limit}
     spec["submitterPodTemplate"] = _submitter(cluster)
