@@ -30,15 +30,28 @@ def _detect_format(path: str) -> str:
         return "messages"  # read_jsonl reports the bad line
 
 
+def padding_tokenizer(model_dir: str):
+    """The model's tokenizer, padding on the left; a tokenizer without a pad token pads with its eos token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise UsageError(f"{model_dir}: the tokenizer has neither a pad nor an eos token, so prompts cannot be "
+                             "batched", hint="set pad_token in the model's tokenizer_config.json")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens: int = 16,
                 batch_size: int = 32) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not (Path(model_dir) / "config.json").is_file():
         raise UsageError(f"{model_dir}: not an HF model directory (no config.json)",
                          hint="point at <run>/final after `trainlift train`")
     rows = read_jsonl(data_file, _detect_format(data_file))[:limit]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer = padding_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     triples = [_prompt_and_answer(r, tokenizer) for r in rows]
     samples = []
@@ -47,7 +60,7 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
         enc = tokenizer([t for t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                                 pad_token_id=tokenizer.pad_token_id)
         answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         for (_, prompt, expected), answer in zip(chunk, answers):
             answer = answer.strip()
