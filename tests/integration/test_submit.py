@@ -120,6 +120,7 @@ def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_is_a_new_job(hom
     again = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=400",
                            cwd=project).stdout)
     assert first["created"] and not again["created"] and again["submission_id"] == first["submission_id"]
+    assert again["status"] in ("PENDING", "RUNNING")
     other = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=401",
                            cwd=project).stdout)
     assert other["submission_id"] != first["submission_id"]
@@ -136,11 +137,20 @@ def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_is_a_new_job(hom
     assert status == "STOPPED"
 
 
-def test_a_failing_job_exits_1_with_its_error_lines(home, head, project):
+def test_a_failing_job_exits_1_and_resubmitting_starts_a_new_attempt(home, head, project):
     (project / "broken.jsonl").write_text('{"messages": []}\n{oops\n')
-    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", cwd=project)
+    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", "--json", cwd=project)
     assert result.returncode == 1
     assert "broken.jsonl:1: no assistant message" in result.stderr and "FAILED" in result.stderr
+    failed = json.loads(result.stdout)
+
+    # The data fixed, the same command must run the job again, not replay the failed one.
+    shutil.copy(project / "train.jsonl", project / "broken.jsonl")
+    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr[-2000:]
+    retry = json.loads(result.stdout)
+    assert retry["created"] and retry["status"] == "SUCCEEDED"
+    assert retry["submission_id"] == failed["submission_id"] + "-2"
 
 
 def test_oversized_working_directory_is_refused_before_upload(home, project, tmp_path):

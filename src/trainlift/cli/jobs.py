@@ -101,7 +101,8 @@ def submit(
 
     The project directory travels as working_dir (without .git, virtualenvs,
     caches, runs and what .gitignore excludes) and trainlift itself in
-    py_modules. Submitting the same spec again attaches to the existing job.
+    py_modules. Submitting the same spec again attaches to its job while that is pending or running; once it
+    has ended (failed, stopped), a new attempt `<id>-2`, `<id>-3`, ... resumes from the newest checkpoint.
     Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
     from trainlift.config.job import load_job_spec
@@ -133,9 +134,9 @@ def submit(
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
     job_client = jobs.client(address)
     submitted_at = time.time()
-    created = jobs.submit(job_client, job_id, entry, runtime_env, {"trainlift_run": spec.run.name})
+    job_id, created = jobs.submit(job_client, job_id, entry, runtime_env, {"trainlift_run": spec.run.name})
     if not json_out:
-        verb = "submitted" if created else "attached to existing"
+        verb = "submitted" if created else "attached to running"
         console.print(f"{verb} job [bold]{job_id}[/] on {address} ({len(plan.files)} files, "
                       f"{plan.total_bytes / 2**20:.1f} MiB)")
     details = {"created": created, "address": address}

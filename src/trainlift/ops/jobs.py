@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 
 PROGRESS_PREFIX = "trainlift-progress "
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+ACTIVE = {"PENDING", "RUNNING"}
 PORT_FORWARD_HINT = ("for a cluster on EKS: kubectl port-forward svc/<cluster>-head-svc 8265:8265 and use "
                      "http://localhost:8265; for this machine: trainlift local up")
 
@@ -90,15 +92,20 @@ def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars
     return job_runtime_env(str(working_dir), [str(Path(trainlift.__file__).parent)], excludes, pip, env_vars)
 
 
-def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> bool:
-    """Submit unless a job with this id exists; returns whether a new job was created."""
-    try:
-        job_client.get_job_info(sub_id)
-        return False
-    except RuntimeError:
-        pass
-    job_client.submit_job(entrypoint=entry, submission_id=sub_id, runtime_env=env, metadata=metadata)
-    return True
+def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> tuple[str, bool]:
+    """Attach to the attempt of this id that is still PENDING or RUNNING; when every earlier attempt has ended
+    (FAILED, STOPPED, SUCCEEDED), submit the next one (`<id>-2`, `<id>-3`, ...), which resumes from the run's
+    newest complete checkpoint. Returns (the attempt's id, whether it was created)."""
+    for attempt in itertools.count(1):
+        attempt_id = sub_id if attempt == 1 else f"{sub_id}-{attempt}"
+        try:
+            status = str(job_client.get_job_info(attempt_id).status.value)
+        except RuntimeError:
+            job_client.submit_job(entrypoint=entry, submission_id=attempt_id, runtime_env=env, metadata=metadata)
+            return attempt_id, True
+        if status in ACTIVE:
+            return attempt_id, False
+    raise AssertionError("itertools.count does not end")
 
 
 def follow(job_client, job_id: str, on_line: Callable[[str], None]) -> str:
