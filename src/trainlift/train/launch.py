@@ -108,6 +108,23 @@ def preflight(spec: JobSpec) -> None:
     check_run_dir(spec)
 
 
+def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str) -> None:
+    """model.config with a local model.path builds the model on the driver's disk: workers on other hosts cannot
+    read it there, unless it lies under a local run.storage (which a multi-node run mounts on every node)."""
+    model = spec.model
+    if model.config is None or not model.path or "://" in model.path:
+        return
+    others = node_ips - {driver_ip}
+    if not others:
+        return
+    if not spec.is_remote_storage and Path(model.path).is_relative_to(spec.run.storage):
+        return
+    raise UsageError(f"model.path: {model.path} would be built on this machine's disk, which workers on "
+                     f"{len(others)} other node(s) cannot read",
+                     hint="drop model.path (each worker builds the same model from model.config and train.seed) "
+                     "or put it under a run.storage volume that every node mounts")
+
+
 def prepare_model(spec: JobSpec) -> None:
     """Build and save the model first when the spec gives both model.config and model.path."""
     if spec.model.path and spec.model.config is not None:
@@ -254,11 +271,13 @@ def run_training(
     started_at = time.time()
     spec = resolve_paths(spec)
     preflight(spec)
-    prepare_model(spec)
     requested = workers or spec.scaling.max_workers or 1
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker))
     stop = threading.Event()
     try:
+        check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
+                                        ray.util.get_node_ip_address())
+        prepare_model(spec)
         scaling, use_gpu = scaling_for(spec, workers)
         nccl_log_prefix, nccl_env = None, {}
         if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
