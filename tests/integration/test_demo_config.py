@@ -30,5 +30,15 @@ def test_demo_config_lowers_eval_loss_and_exports_a_model_that_answers(tmp_path,
     result = runner.invoke(app, ["eval", str(final), "--data", "examples/data/tasks-eval.jsonl", "--limit", "8", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["total"] == 8 and 0.0 <= report["accuracy"] <= 1.0
-    assert all(sample["answer"] is not None for sample in report["samples"])
+    samples = report["samples"]
+    assert report["total"] == len(samples) == 8
+    assert report["correct"] == sum(s["answer"] == s["expected"] for s in samples)
+    assert report["accuracy"] == report["correct"] / 8
+    # 40 steps teach the answers' form, not yet their content: digits for add, spaced digits or letters for
+    # sort and reverse (measured: 8 of 8 after 40 steps; the untrained base model: 0 of 8).
+    assert sum(answer_form(s["answer"]) == answer_form(s["expected"]) for s in samples) >= 6, samples
+
+
+def answer_form(text: str) -> tuple[str, bool]:
+    chars = text.replace(" ", "")
+    return ("digits" if chars.isdigit() else "letters" if chars.isalpha() else "other"), " " in text.strip()

@@ -58,9 +58,11 @@ def test_export_loads_and_matches_the_trained_weights(uninterrupted, tiny_assets
     with torch.no_grad():
         torch.testing.assert_close(exported(batch).logits, trained(batch).logits, rtol=1e-5, atol=1e-5)
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    out = exported.generate(**tokenizer("<|user|>\nadd 1 2\n<|assistant|>\n", return_tensors="pt"), max_new_tokens=4,
-                            do_sample=False)
-    assert out.shape[1] > 0
+    prompt = tokenizer("<|user|>\nadd 1 2\n<|assistant|>\n", return_tensors="pt")
+    # min_new_tokens: the comparison covers four generated tokens even if the model says eos at once.
+    out = exported.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 4
+    assert torch.equal(out, trained.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False))
 
 
 def test_stop_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tiny_spec):

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pyarrow.fs as pafs
 import pytest
+import torch
 
 from trainlift.train import checkpoint
 from trainlift.train.launch import run_training
@@ -211,10 +212,15 @@ def print_table(title: str, kills: list[Kill]) -> None:
 
 
 def assert_export_loads(run_dir: Path) -> None:
+    """The export after the kills holds the weights of the run's last complete checkpoint (its final step)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
-    assert model.config.model_type == "qwen2" and sum(p.numel() for p in model.parameters()) > 0
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    last = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    _, last_path = checkpoint.latest_complete(FS, str(run_dir))
+    checkpoint.load_weights_unsharded(last_path, last)
+    for (name, weight), (_, expected) in zip(exported.state_dict().items(), last.state_dict().items()):
+        torch.testing.assert_close(weight, expected, rtol=0, atol=0, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
