@@ -72,21 +72,17 @@ def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
     import ray
 
     from trainlift.doctor.nodes import connect, probe_nodes
-    from trainlift.doctor.rules import comparable, cross_node_rules, differences, stack_rules
+    from trainlift.doctor.rules import comparable, differences, judge_nodes
 
     connect(address)
     try:
         nodes = probe_nodes()
     finally:
         ray.shutdown()
-    findings: list[Finding] = []
     probed = [(n.name, n.facts) for n in nodes if n.facts is not None]
-    for node in nodes:
-        if node.facts is None:
-            findings.append(Finding("node_probe", "error", f"probe failed on {node.name}: {node.error}", node=node.name))
-        else:
-            findings += stack_rules(node.facts, expect, node=node.name)
-    findings = sort_findings(findings + cross_node_rules(probed))
+    findings: list[Finding] = [Finding("node_probe", "error", f"probe failed on {n.name}: {n.error}", node=n.name)
+                               for n in nodes if n.facts is None]
+    findings = sort_findings(findings + judge_nodes([(n.name, n.facts, n.is_head) for n in nodes if n.facts], expect))
     diff = differences(probed)
     if as_json:
         print_json({
@@ -94,7 +90,7 @@ def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
             "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings),
         })
     else:
-        table = Table(title=f"{len(nodes)} nodes at {address} (red: differs from the head)")
+        table = Table(title=f"{len(nodes)} nodes at {address} (red: differs across nodes)")
         table.add_column("fact")
         for name, _ in probed:
             table.add_column(name)

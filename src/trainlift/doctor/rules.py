@@ -264,12 +264,17 @@ STACK_RULES: tuple[Callable[[Facts, str, dict], Finding | None], ...] = (
 )
 
 
-def stack_rules(facts: Facts, expect: str = "any", kg: dict | None = None, node: str | None = None) -> list[Finding]:
-    """Every single-machine rule that applies to `facts`."""
+# What only a node that runs NCCL needs: a head without GPUs in a GPU cluster is not judged on them.
+FABRIC_RULES = frozenset({efa_device, fi_info_efa, ofi_plugin, ofi_plugin_deps, nccl_net, fi_provider, memlock, legacy_env})
+
+
+def stack_rules(facts: Facts, expect: str = "any", kg: dict | None = None, node: str | None = None,
+                trains: bool = True) -> list[Finding]:
+    """Every single-machine rule that applies to `facts`; without `trains`, none of the fabric rules."""
     if expect not in FABRICS:
         raise ValueError(f"expect must be one of {FABRICS}, not {expect!r}")
     kg = kg or known_good()
-    found = (rule(facts, expect, kg) for rule in STACK_RULES)
+    found = (rule(facts, expect, kg) for rule in STACK_RULES if trains or rule not in FABRIC_RULES)
     return [Finding(x.rule, x.severity, x.message, x.fix, node) for x in found if x is not None]
 
 
@@ -280,16 +285,23 @@ CROSS_NODE_FACTS = (
 )
 
 
+def version_facts(facts: Facts) -> dict[str, Any]:
+    return {key: getattr(facts, key) for key in CROSS_NODE_FACTS}
+
+
+def fabric_env(facts: Facts) -> dict[str, Any]:
+    return {f"env.{k}": v for k, v in facts.env.items() if k.startswith(("NCCL_", "FI_"))}
+
+
 def comparable(facts: Facts) -> dict[str, Any]:
     """The facts every node must share with the head, flattened (env keys as `env.NAME`)."""
-    values: dict[str, Any] = {key: getattr(facts, key) for key in CROSS_NODE_FACTS}
-    values.update({f"env.{k}": v for k, v in facts.env.items() if k.startswith(("NCCL_", "FI_"))})
-    return values
+    return {**version_facts(facts), **fabric_env(facts)}
 
 
-def differences(nodes: list[tuple[str, Facts]]) -> dict[str, dict[str, Any]]:
-    """{fact: {node: value}} for every comparable fact whose value is not the same on all nodes."""
-    table = [(name, comparable(f)) for name, f in nodes]
+def differences(nodes: list[tuple[str, Facts]], values_of: Callable[[Facts], dict[str, Any]] = comparable
+                ) -> dict[str, dict[str, Any]]:
+    """{fact: {node: value}} for every compared fact whose value is not the same on all nodes."""
+    table = [(name, values_of(f)) for name, f in nodes]
     keys = sorted({k for _, values in table for k in values})
     out = {}
     for key in keys:
@@ -299,25 +311,48 @@ def differences(nodes: list[tuple[str, Facts]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def cross_node_rules(nodes: list[tuple[str, Facts]]) -> list[Finding]:
-    """Every node must agree with the head (the first entry) on versions and NCCL/FI settings."""
-    if len(nodes) < 2:
-        return []
-    head = nodes[0][0]
+def _mismatches(nodes: list[tuple[str, Facts]], values_of: Callable[[Facts], dict[str, Any]], label: str) -> list[Finding]:
+    reference = nodes[0][0]
     findings = []
-    for key, row in differences(nodes).items():
-        want = row[head]
+    for key, row in differences(nodes, values_of).items():
+        want = row[reference]
         for name, have in row.items():
-            if name != head and have != want:
+            if name != reference and have != want:
                 findings.append(Finding(
-                    "node_mismatch", "error",
-                    f"{key}={_show(have)} on {name} differs from the head ({_show(want)})",
+                    "node_mismatch", "error", f"{key}={_show(have)} on {name} differs from {label} ({_show(want)})",
                     "run every node from the same image with the same env (RayCluster spec / runtime_env env_vars)",
                     node=name,
                 ))
+    return findings
+
+
+def cross_node_rules(nodes: list[tuple[str, Facts]], trainers: set[str] | None = None) -> list[Finding]:
+    """Every node must agree with the head (the first entry) on versions; the nodes that train (`trainers`,
+    default all) must agree with the first of them on their NCCL/FI settings."""
+    if len(nodes) < 2:
+        return []
+    training = [(name, f) for name, f in nodes if trainers is None or name in trainers]
+    label = "the head" if training and training[0][0] == nodes[0][0] else f"the first worker {training[0][0]}" if training else ""
+    findings = _mismatches(nodes, version_facts, "the head")
+    if len(training) > 1:
+        findings += _mismatches(training, fabric_env, label)
     if not findings:
         findings.append(Finding("node_mismatch", "ok", f"{len(nodes)} nodes agree on versions and NCCL/FI environment"))
     return findings
+
+
+def training_nodes(nodes: list[tuple[str, Facts, bool]]) -> set[str]:
+    """The nodes that run training workers: every node, except a head without GPUs in a cluster that has GPU
+    nodes (the rendered RayCluster's head: num-gpus 0, no EFA, none of the workers' NCCL/FI env)."""
+    gpu_cluster = any(f.gpu_count for _, f, _ in nodes)
+    return {name for name, f, is_head in nodes if not (is_head and gpu_cluster and not f.gpu_count)}
+
+
+def judge_nodes(nodes: list[tuple[str, Facts, bool]], expect: str = "any") -> list[Finding]:
+    """(name, facts, is_head) per node, head first: each node by its role, then across nodes."""
+    trainers = training_nodes(nodes)
+    findings = [x for name, f, _ in nodes for x in stack_rules(f, expect, node=name, trains=name in trainers)]
+    return findings + cross_node_rules([(name, f) for name, f, _ in nodes], trainers)
 
 
 def _show(value: Any) -> str:
