@@ -16,6 +16,7 @@ rank uploaded are listed in storage: an upload can lose files without an error
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import time
@@ -30,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+from trainlift.train.dcp_reader import ArrowReader
 
 MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
@@ -126,21 +129,27 @@ def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: 
         (Path(local_dir) / TRAINER_STATE).write_text(json.dumps(state))
 
 
-def load(local_dir: str, model, optimizer, scheduler, rank: int) -> tuple[int, int]:
-    """Load a checkpoint (saved by any number of ranks) into this rank; returns (step, data cursor)."""
+def load(fs: pafs.FileSystem, path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int]:
+    """Load a checkpoint (saved by any number of ranks) into this rank, reading only the parts this rank needs
+    straight from `fs` (local or S3); returns (step, data cursor)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=local_dir)
+    dcp.load(state, storage_reader=ArrowReader(fs, path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trainer = json.loads((Path(local_dir) / TRAINER_STATE).read_text())
+    trainer = json.loads(_read(fs, f"{path}/{TRAINER_STATE}"))
     scheduler.load_state_dict(trainer["scheduler"])
-    rng_file = Path(local_dir) / f"rng_rank{rank}.pt"
-    if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=True)
+    rng_file = f"{path}/rng_rank{rank}.pt"
+    if fs.get_file_info(rng_file).type == pafs.FileType.File:
+        rng = torch.load(io.BytesIO(_read(fs, rng_file)), weights_only=True)
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     return trainer["step"], trainer["cursor"]
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as stream:
+        return stream.readall()
 
 
 def load_weights_unsharded(checkpoint_dir: str, model) -> None:

@@ -137,14 +137,13 @@ def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
 def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int, str | None]:
     """Restore from the newest complete checkpoint in the run directory. Ray Train's `get_checkpoint()` is not
     used: the controller registers a report only when it next polls the workers, so it can lag behind what
-    storage holds, and it knows nothing of the COMPLETE marker."""
+    storage holds, and it knows nothing of the COMPLETE marker. Each rank reads only its part, from storage."""
     latest = checkpoint.latest_complete(fs, run_path)
     if rank == 0:
         checkpoint.remove_unfinished_after(fs, run_path, latest[0] if latest else -1)
     if latest is None:
         return 0, 0, None
-    with ray.train.Checkpoint(latest[1], filesystem=fs).as_directory() as local_dir:
-        step, cursor = checkpoint.load(local_dir, model, optimizer, scheduler, rank)
+    step, cursor = checkpoint.load(fs, latest[1], model, optimizer, scheduler, rank)
     return step, cursor, latest[1]
 
 
