@@ -4,7 +4,8 @@ boundary-only reporting, and the steps/s ceiling per-step reporting imposes.
     python bench/report_pattern.py [--pairs 2] [--steps 20] [--warmup 3] [--fast-poll 0.5] [--no-record]
 
 Both variants run the same recipe through `trainlift.train.launch.run_training` on one embedded Ray
-instance (demo config, 2 workers); only `report_every_step` differs. One more per-step run with Ray
+instance (demo config, 2 workers); the per-step variant wraps the recipe's worker loop so that every
+optimizer step ends in a `ray.train.report()` (`reporting_every_step`). One more per-step run with Ray
 Train's controller poll shortened (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S) shows what sets the ceiling.
 """
 
@@ -19,12 +20,36 @@ import benchlib as bl
 POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 
+def reporting_every_step(config: dict) -> None:
+    """The recipe's worker loop with a `ray.train.report()` after every optimizer step, as the reference sample
+    does. Runs in each Ray Train worker (this script's functions travel by value)."""
+    import ray.train
+
+    from trainlift.train import recipe
+
+    train_step = recipe.train_step
+
+    def train_step_and_report(*args, **kwargs):
+        result = train_step(*args, **kwargs)
+        ray.train.report({"loss": result[0]})
+        return result
+
+    recipe.train_step = train_step_and_report
+    recipe.train_loop_per_worker(config)
+
+
 def run(spec_args: list[str], name: str, every_step: bool, warmup: int, work) -> float:
     from trainlift.config.job import load_job_spec
+    from trainlift.train import recipe
     from trainlift.train.launch import run_training
 
     spec = load_job_spec(bl.REPO / bl.DEMO_SPEC, [*spec_args, f"run.name={name}", f"run.storage={work / 'runs'}"])
-    run_training(spec, report_every_step=every_step)
+    loop = recipe.train_loop_per_worker
+    recipe.train_loop_per_worker = reporting_every_step if every_step else loop  # run_training looks it up
+    try:
+        run_training(spec)
+    finally:
+        recipe.train_loop_per_worker = loop
     rows = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     times = [r["time"] for r in rows if "loss" in r]
     return bl.median(bl.periods(times)[warmup:])

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainlift.doctor.preflight import own_nccl_log
+from trainlift.doctor.probe import own_nccl_log
 from trainlift.doctor.fabric import (
     EMULATED_RS,
     FabricResult,

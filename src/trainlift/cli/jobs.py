@@ -106,7 +106,7 @@ def submit(
     Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
     from trainlift.config.job import load_job_spec
-    from trainlift.ops import jobs, workdir
+    from trainlift.ops import jobs, localray, workdir
 
     env_vars = _parse_env(env)
     root = working_dir.resolve()
@@ -122,7 +122,7 @@ def submit(
         if not Path(spec.run.storage).is_absolute():
             extra.append(f"/{spec.run.storage.strip('/')}/")
             overrides.append(f"run.storage={root / spec.run.storage}")  # not inside the job's temporary copy
-        if not jobs.is_loopback(address):
+        if not localray.is_loopback(address):
             err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
                               "cluster needs s3://... or a shared volume for checkpoints")
     plan = workdir.scan(root, list(exclude) + extra)

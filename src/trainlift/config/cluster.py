@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainlift import catalog
+from trainlift.config.errors import first_error
 from trainlift.errors import SpecError
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -202,28 +203,6 @@ class ClusterSpec(_Section):
         return sum(w.count * w.gpus_per_worker for w in self.workers)
 
 
-def _loc(parts: tuple[Any, ...]) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    err = errors[0]
-    loc = _loc(err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    elif "input" in err and not isinstance(err["input"], (dict, list)):
-        msg = f"{msg} (got {err['input']!r})"
-    line = f"{loc}: {msg}" if loc else msg
-    return line + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
-
-
 def parse_cluster_spec(data: dict[str, Any], source: str | None = None) -> ClusterSpec:
     """A ClusterSpec from a mapping; SpecError naming the field path on the first problem."""
     prefix = f"{source}: " if source else ""
@@ -232,7 +211,7 @@ def parse_cluster_spec(data: dict[str, Any], source: str | None = None) -> Clust
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(prefix + _first_error(exc), hint="see examples/cluster-reference.yaml") from None
+        raise SpecError(prefix + first_error(exc), hint="see examples/cluster-reference.yaml") from None
 
 
 def cluster_spec_from_yaml(text: str, source: str | None = None) -> ClusterSpec:

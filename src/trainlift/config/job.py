@@ -13,6 +13,7 @@ from typing import Any, Literal, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainlift.config.errors import first_error
 from trainlift.errors import SpecError
 
 
@@ -153,25 +154,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return raw
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    elif "input" in err and not isinstance(err["input"], dict):
-        msg = f"{msg} (got {err['input']!r})"
-    more = len(exc.errors()) - 1
-    return f"{loc}: {msg}" + (f" (and {more} more)" if more else "") if loc else msg
-
-
 def validate_job_spec(raw: dict[str, Any], source: str = "spec") -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(f"{source}: {_first_error(exc)}", hint="fix the spec file or pass --set KEY=VALUE") from None
+        raise SpecError(f"{source}: {first_error(exc)}", hint="fix the spec file or pass --set KEY=VALUE") from None
 
 
 def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainlift.doctor.nccl_log import LogVerdict, classify_log_text
-from trainlift.doctor.preflight import own_nccl_log
+from trainlift.doctor.nccl_log import LogVerdict, classify_log_text, nccl_log_env
+from trainlift.doctor.probe import own_nccl_log
 from trainlift.doctor.rules import Finding
 from trainlift.errors import TrainliftError, UsageError
 
@@ -218,7 +218,7 @@ def run_fabric(
     log_prefix = None
     if use_gpu:
         log_prefix = f"/tmp/trainlift-nccl-{run_id}"
-        env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": f"{log_prefix}.%h.%p.log"}
+        env = nccl_log_env(log_prefix)
     sink = ray.remote(num_cpus=0)(_Sink).remote()
     config = {
         "ops": list(ops), "sizes": sizes, "iters": iters or (20 if use_gpu else 5), "warmup": warmup,

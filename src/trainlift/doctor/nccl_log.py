@@ -21,6 +21,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+# What a job's NCCL must log for `classify_log_text` to see its transport.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 TRANSPORTS = ("efa", "ib", "socket", "unknown")
 _WEAKEST_FIRST = ("socket", "ib", "efa")
 MAX_EVIDENCE = 8
@@ -201,3 +203,8 @@ def _firsts(lines: list[str], limit: int) -> list[str]:
         if len(out) == limit:
             break
     return out
+
+
+def nccl_log_env(prefix: str) -> dict[str, str]:
+    """NCCL_DEBUG_ENV with each process's log at `<prefix>.<host>.<pid>.log` (read back by `probe.own_nccl_log`)."""
+    return {**NCCL_DEBUG_ENV, "NCCL_DEBUG_FILE": f"{prefix}.%h.%p.log"}

@@ -265,3 +265,18 @@ def _fs_size(path: str) -> int | None:
     except OSError:
         return None
     return st.f_blocks * st.f_frsize
+
+
+def own_nccl_log(prefix: str | None) -> str:
+    """This process's NCCL log, written to `NCCL_DEBUG_FILE=<prefix>.%h.%p.log`; the file is removed once read."""
+    if not prefix:
+        return ""
+    text = []
+    for path in glob.glob(f"{prefix}.*.{os.getpid()}.log"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text.append(fh.read())
+            os.unlink(path)
+        except OSError:
+            continue
+    return "".join(text)

@@ -43,11 +43,6 @@ def resolve_address(address: str | None) -> str:
     return address.rstrip("/")
 
 
-def is_loopback(address: str) -> bool:
-    host = address.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 def check_reachable(address: str, timeout: float = 5.0) -> None:
     """Fail fast with one line: the SDK's own retries take far longer on a dead address."""
     if localray.dashboard_up(address, timeout=timeout):

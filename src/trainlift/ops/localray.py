@@ -31,6 +31,12 @@ def state_file() -> Path:
     return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "local.json"
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address (HOST:PORT, ray://..., http://...) names this machine's loopback interface."""
+    host = address.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))

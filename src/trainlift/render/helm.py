@@ -7,19 +7,14 @@ from typing import Any
 from trainlift import catalog
 from trainlift.config.cluster import ClusterSpec
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_ROLE
+from trainlift.render.raycluster import toleration
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 def taint_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
     """One toleration per distinct worker taint, in a stable order."""
-    seen: dict[tuple[str, str, str], dict[str, str]] = {}
-    for w in spec.workers:
-        for t in w.taints:
-            tol = {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
-            if not t.value:
-                tol = {"key": t.key, "operator": "Exists", "effect": t.effect}
-            seen.setdefault((t.key, t.value, t.effect), tol)
+    seen = {(t.key, t.value, t.effect): toleration(t) for w in spec.workers for t in w.taints}
     return [seen[k] for k in sorted(seen)]
 
 

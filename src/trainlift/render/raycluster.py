@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 from trainlift import catalog
-from trainlift.config.cluster import ClusterSpec, WorkerGroup
+from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
+from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -32,7 +33,7 @@ def pod_size(profile: catalog.InstanceProfile, reserve: tuple[float, int, int]) 
 
 def fabric_env(spec: ClusterSpec) -> dict[str, str]:
     nccl = catalog.platform()["nccl"]
-    debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    debug = NCCL_DEBUG_ENV
     if spec.fabric == "efa":
         # NCCL_NET pinned to the plugin's network: a plugin that fails to load
         # becomes an error instead of a silent fall back to TCP sockets.
@@ -121,14 +122,15 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
+def toleration(t: Taint) -> dict[str, str]:
+    """The toleration of a worker group's taint (any value when the taint has none)."""
+    if t.value:
+        return {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+    return {"key": t.key, "operator": "Exists", "effect": t.effect}
+
+
 def tolerations(w: WorkerGroup) -> list[dict[str, str]]:
-    out = []
-    for t in w.taints:
-        if t.value:
-            out.append({"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect})
-        else:
-            out.append({"key": t.key, "operator": "Exists", "effect": t.effect})
-    return out
+    return [toleration(t) for t in w.taints]
 
 
 def worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from typing import Any, Callable
 import pyarrow.fs as pafs
 
 from trainlift.config.job import JobSpec
+from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
 from trainlift.train import data, failures
-from trainlift.train.preflight import NCCL_LOG_ENV
 from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
@@ -141,7 +141,7 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
     if address:
         try:
             # A head bound to loopback (`trainlift local up`) only accepts a driver that says it is on loopback too.
-            local = address.split("://")[-1].startswith(("127.", "localhost"))
+            local = localray.is_loopback(address)
             if local:
                 localray.skip_cluster_only_train_features()
             ray.init(address=address, log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if local else {}))
@@ -258,7 +258,6 @@ def run_training(
     workers: int | None = None,
     stop_at_step: int | None = None,
     skip_doctor: bool = False,
-    report_every_step: bool = False,
     on_update: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
@@ -282,7 +281,7 @@ def run_training(
         nccl_log_prefix, nccl_env = None, {}
         if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
             nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
-            nccl_env = {**NCCL_LOG_ENV, "NCCL_DEBUG_FILE": f"{nccl_log_prefix}.%h.%p.log"}
+            nccl_env = nccl_log_env(nccl_log_prefix)
         forget_ray_checkpoint_list(spec)
         board = _progress_board()
         poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
@@ -290,8 +289,7 @@ def run_training(
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
-                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix,
-                               "report_every_step": report_every_step},
+                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix},
             scaling_config=scaling,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=RunConfig(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from trainlift.doctor import classify_log_text, stack_findings
-from trainlift.doctor.preflight import own_nccl_log
-
-NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+from trainlift.doctor.nccl_log import classify_log_text
+from trainlift.doctor.probe import own_nccl_log, probe
+from trainlift.doctor.rules import stack_rules
 
 
 class PreflightError(RuntimeError):
@@ -13,7 +12,7 @@ class PreflightError(RuntimeError):
 
 
 def check_stack(expect_fabric: str) -> None:
-    errors = [f for f in stack_findings(expect_fabric) if f.severity == "error"]
+    errors = [f for f in stack_rules(probe(), expect_fabric) if f.severity == "error"]
     if errors:
         details = "; ".join(" ".join((f.message + (f" (fix: {f.fix})" if f.fix else "")).split()) for f in errors)
         raise PreflightError(f"trainlift doctor found {len(errors)} error(s) on this worker: {details}; "

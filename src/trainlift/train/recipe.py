@@ -246,8 +246,6 @@ def train_loop_per_worker(config: dict) -> None:
             board.update.remote({"event": "step", **row, "total_steps": spec.train.steps})
             post_at = time.monotonic() + BOARD_POST_INTERVAL_S
         boundary_metrics = {"step": step, "loss": loss}
-        if config.get("report_every_step"):  # the reference sample's pattern, kept for the benchmark only
-            ray.train.report(boundary_metrics)
         if spec.train.eval_every and step % spec.train.eval_every == 0 and step < spec.train.steps:
             eval_loss = run_eval(step)
             boundary_metrics["eval_loss"] = eval_loss
