@@ -1,4 +1,4 @@
-"""Sharded DCP checkpoints with an atomic commit, resumption, pruning and the HF export.
+"""Sharded DCP checkpoints with an atomic commit, resumption and pruning (the HF export is in export.py).
 
 Layout under the run directory (local path or s3://, through a pyarrow filesystem):
 
@@ -26,7 +26,6 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_state_dict,
@@ -158,18 +157,3 @@ def load_weights_unsharded(checkpoint_dir: str, model) -> None:
     state = {"model": model_sd}
     dcp.load(state, checkpoint_id=checkpoint_dir)
     model.load_state_dict(state["model"])
-
-
-def full_state_dict(model) -> dict[str, torch.Tensor]:
-    """Gather the full weights to rank 0's CPU (a collective: every rank calls it; others get {})."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def export_hf(out_dir: str, config, state_dict: dict[str, torch.Tensor], tokenizer, dtype: torch.dtype) -> None:
-    """`save_pretrained` (safetensors) plus the tokenizer, loadable by `from_pretrained`."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(state_dict)
-    model.to(dtype).save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)

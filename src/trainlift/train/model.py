@@ -7,8 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from trainlift.train import weights
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
@@ -40,12 +44,30 @@ def materialize(path: str, config: dict[str, Any] | str, tokenizer_path: str, se
 
 
 def load_model(model_spec, seed: int) -> torch.nn.Module:
-    """The model in fp32 on the CPU (FSDP moves and casts it), from `path` or built from `config`."""
+    """The whole model in fp32 on the CPU, unsharded (the training recipe uses `weights` instead)."""
     if model_spec.path is not None:
         return AutoModelForCausalLM.from_pretrained(model_spec.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_spec.tokenizer)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(build_config(model_spec.config, tokenizer))
+
+
+def sharded_config(model_spec) -> PretrainedConfig:
+    """The model's config, from `path` (a local directory or hub id) or built from `config`."""
+    if model_spec.path is not None:
+        return weights.config_of(str(weights.local_model_dir(model_spec.path)))
+    return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
+
+
+def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device) -> torch.nn.Module:
+    """Give a sharded meta model (`weights.empty_model` then `apply_fsdp`) its weights: from the safetensors
+    files of `path`, else a seeded random init that does not depend on the world size."""
+    weights.materialize_shards(model, device)
+    if model_spec.path is not None:
+        weights.load_safetensors(model, weights.local_model_dir(model_spec.path))
+    else:
+        weights.init_random(model, seed)
+    return model
 
 
 def load_tokenizer(model_spec):
@@ -64,16 +86,16 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool):
     """Shard every decoder layer, then the root, and leave the model in train mode. bf16 compute with fp32
-    gradient reduction on GPU."""
+    gradient reduction on GPU. `fully_shard` moves one layer at a time to the mesh's device (none on meta)."""
     # from_pretrained returns eval mode, and HF checkpoints activations (and applies dropout) only in train mode.
     model.train()
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

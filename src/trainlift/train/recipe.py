@@ -14,16 +14,15 @@ import math
 import tempfile
 import time
 
-import pyarrow.fs as pafs
 import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, metrics, preflight
-from trainlift.train.model import apply_fsdp, flops_per_token, load_model, load_tokenizer
+from trainlift.train import checkpoint, data, export, metrics, preflight, weights
+from trainlift.train.loss import token_loss_sum
+from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
 
 
 BOARD_POST_INTERVAL_S = 0.5  # the driver reads the board this often; posting every step only costs CPU
@@ -37,20 +36,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-def token_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Summed next-token cross-entropy over trainable (label != -100) tokens.
-
-    No KV cache: without one, transformers reads restarting position ids as
-    packed examples and masks attention between them."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.size(-1)).float(),
-        batch["labels"][:, 1:].reshape(-1),
-        ignore_index=data.IGNORE,
-        reduction="sum",
-    )
 
 
 def trainable_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -195,9 +180,10 @@ def train_loop_per_worker(config: dict) -> None:
     if eval_data is not None:
         eval_data.rows = eval_data.rows[: spec.data.eval_examples]
 
-    model = load_model(spec.model, spec.train.seed)
+    model = weights.empty_model(sharded_config(spec.model))
     model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)
     model = apply_fsdp(model, device, bf16, spec.model.activation_checkpointing)
+    fill_weights(model, spec.model, spec.train.seed, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay,
                                   betas=(0.9, 0.95), fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -262,12 +248,9 @@ def train_loop_per_worker(config: dict) -> None:
     finished = step >= spec.train.steps
     if finished and eval_batches:
         eval_loss = run_eval(step)
-    full = checkpoint.full_state_dict(model) if finished else None
-    if finished and rank == 0:
-        with tempfile.TemporaryDirectory(prefix="trainlift-export-") as out:
-            checkpoint.export_hf(out, model_config, full, tokenizer, torch.bfloat16 if bf16 else torch.float32)
-            fs.create_dir(f"{run_path}/final")
-            pafs.copy_files(out, f"{run_path}/final", destination_filesystem=fs)
+    if finished:
+        export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer,
+                         torch.bfloat16 if bf16 else torch.float32, source_dir=spec.model.path)
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     sink.close()
     summary = {

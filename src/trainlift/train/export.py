@@ -1,0 +1,141 @@
+"""The HF export of a sharded model, written without gathering it.
+
+`<run>/final/` is a `from_pretrained`-loadable directory: `model.safetensors` (or
+`model-0000N-of-0000M.safetensors` plus `model.safetensors.index.json` when larger than one
+file), config.json, generation_config.json and the tokenizer.
+
+The weights are streamed tensor by tensor: every rank joins one all-gather per tensor and rank 0
+appends it to the open safetensors file through the run's pyarrow filesystem (local or s3://), so
+rank 0 holds at most one full tensor beyond its training state. Every tensor's shape is known
+before anything is gathered, which lets the safetensors header be written first.
+DCP's `HuggingFaceStorageWriter` with consolidation was not used: it needs every rank's files on
+one filesystem (it cannot write to s3://, nor across nodes without a shared volume).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainlift.train.weights import tied_aliases
+
+MAX_FILE_BYTES = 5 * 1024**3
+INDEX = "model.safetensors.index.json"
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def export_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    return dtype if tensor.is_floating_point() else tensor.dtype
+
+
+def plan_files(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_file_bytes: int = MAX_FILE_BYTES
+               ) -> list[list[tuple[str, tuple[int, ...], torch.dtype]]]:
+    """Split (name, shape, dtype) entries, in order, into files of at most `max_file_bytes` (one tensor may
+    exceed it alone)."""
+    files: list[list] = [[]]
+    size = 0
+    for name, shape, dtype in entries:
+        nbytes = nbytes_of(shape, dtype)
+        if files[-1] and size + nbytes > max_file_bytes:
+            files.append([])
+            size = 0
+        files[-1].append((name, shape, dtype))
+        size += nbytes
+    return files
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def file_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def safetensors_header(entries: list[tuple[str, tuple[int, ...], torch.dtype]]) -> bytes:
+    """The 8-byte length and JSON header of a safetensors file whose tensors follow in `entries` order."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, dtype in entries:
+        end = offset + nbytes_of(shape, dtype)
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on the CPU (an all-gather for a DTensor shard: every rank must call it)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
+
+
+def write_weights(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, dtype: torch.dtype,
+                  max_file_bytes: int = MAX_FILE_BYTES) -> list[str]:
+    """Stream the model's weights (floating ones cast to `dtype`) into safetensors files under `out_dir` on
+    rank 0. Every rank calls it. Tied parameters are written once, as transformers does."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    aliases = tied_aliases(model)
+    state = {name: t for name, t in model.state_dict().items() if name not in aliases}
+    entries = [(name, tuple(t.shape), export_dtype(t, dtype)) for name, t in state.items()]
+    files = plan_files(entries, max_file_bytes)
+    names = file_names(len(files))
+    if rank == 0:
+        fs.create_dir(out_dir)
+    for file_name, file_entries in zip(names, files):
+        out = fs.open_output_stream(f"{out_dir}/{file_name}") if rank == 0 else None
+        if out is not None:
+            out.write(safetensors_header(file_entries))
+        for name, _, entry_dtype in file_entries:
+            tensor = full_tensor(state[name]).to(entry_dtype).contiguous()
+            if out is not None:
+                out.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+            del tensor
+        if out is not None:
+            out.close()
+    if rank == 0 and len(files) > 1:
+        weight_map = {name: file_name for file_name, file_entries in zip(names, files) for name, _, _ in file_entries}
+        index = {"metadata": {"total_size": sum(nbytes_of(s, d) for _, s, d in entries)}, "weight_map": weight_map}
+        with fs.open_output_stream(f"{out_dir}/{INDEX}") as out:
+            out.write(json.dumps(index, indent=2).encode())
+    return names
+
+
+def write_metadata(fs: pafs.FileSystem, out_dir: str, config, tokenizer, dtype: torch.dtype,
+                   source_dir: str | None) -> None:
+    """config.json (with the export dtype), generation_config.json (the source model's when it has one) and
+    the tokenizer files."""
+    from transformers import GenerationConfig
+
+    config = config.__class__.from_dict(config.to_dict())
+    config.dtype = dtype
+    with tempfile.TemporaryDirectory(prefix="trainlift-export-") as tmp:
+        config.save_pretrained(tmp)
+        source = Path(source_dir) / "generation_config.json" if source_dir else None
+        if source is not None and source.is_file():
+            (Path(tmp) / source.name).write_bytes(source.read_bytes())
+        else:
+            GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        pafs.copy_files(tmp, out_dir, destination_filesystem=fs)
+
+
+def export_hf(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, config, tokenizer, dtype: torch.dtype,
+              source_dir: str | None = None, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    """Write the `from_pretrained`-loadable export of a (sharded) model. A collective: every rank calls it."""
+    write_weights(fs, out_dir, model, dtype, max_file_bytes)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write_metadata(fs, out_dir, config, tokenizer, dtype, source_dir)

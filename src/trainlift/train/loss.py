@@ -1,0 +1,71 @@
+"""Next-token cross-entropy without the `[batch, seq, vocab]` fp32 logits.
+
+The LM head and the loss run on a few hundred tokens at a time, under activation checkpointing, so
+forward and backward each hold one chunk's logits (about `CHUNK_ELEMENTS` floats) instead of the
+whole micro-batch's: at a 151,936-token vocabulary a 2,048-token row is 1.2 GB of fp32 logits, and
+the plain loss keeps two such tensors alive for backward.
+
+The chunks run inside the model's forward (a forward hook on the decoder, whose output is the final,
+normalised hidden state), because FSDP only gathers the LM head's weight during the root forward.
+The model is asked to compute no logits of its own (`logits_to_keep` with no positions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainlift.train.data import IGNORE
+
+CHUNK_ELEMENTS = 2**25  # logits per chunk: 128 MiB in fp32
+
+
+def plain_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of `logits[:, t]` predicting `labels[:, t + 1]` over trainable tokens."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1),
+                           ignore_index=IGNORE, reduction="sum")
+
+
+def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias).float()
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
+
+
+def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor,
+                           chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """The same sum as `plain_token_loss_sum(head(hidden), labels)`, one chunk of tokens at a time."""
+    hidden = hidden[:, :-1].reshape(-1, hidden.size(-1))
+    targets = labels[:, 1:].reshape(-1)
+    keep = targets != IGNORE
+    hidden, targets = hidden[keep], targets[keep]
+    chunk = max(1, chunk_elements // head.weight.size(0))
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, targets.numel(), chunk):
+        part = slice(start, start + chunk)
+        total = total + checkpoint(_chunk_loss, hidden[part], head.weight, head.bias, targets[part],
+                                   use_reentrant=False)
+    return total
+
+
+def token_loss_sum(model, batch: dict[str, torch.Tensor], chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """Summed next-token cross-entropy over trainable (label != -100) tokens of a causal LM.
+
+    No KV cache: without one, transformers reads restarting position ids as packed examples and masks
+    attention between them. Models without a separate decoder and linear head get the plain loss."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    if decoder is model or not isinstance(head, torch.nn.Linear):
+        return plain_token_loss_sum(model(**inputs).logits, batch["labels"])
+    found: list[torch.Tensor] = []
+
+    def loss_from_hidden(module, args, output):
+        found.append(chunked_token_loss_sum(output.last_hidden_state, head, batch["labels"], chunk_elements))
+
+    handle = decoder.register_forward_hook(loss_from_hidden)
+    try:
+        model(**inputs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device))
+    finally:
+        handle.remove()
+    return found[0]

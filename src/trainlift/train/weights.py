@@ -1,0 +1,129 @@
+"""Build a causal LM without materialising it, then fill its FSDP shards in place.
+
+The seam is: `empty_model` (meta device, no memory) -> optional transform (e.g. adapters) ->
+`model.apply_fsdp` -> `materialize_shards` -> `load_safetensors` or `init_random`.
+No rank ever holds the whole model: each holds its shards plus, while filling, one tensor.
+
+Loading uses torch's `HuggingFaceStorageReader` through `torch.distributed.checkpoint.load`,
+rather than `set_model_state_dict(..., broadcast_from_rank0=True)`: with the reader every rank
+reads only the slices of the safetensors files its own shards need (memory-mapped, one tensor
+at a time), so no rank, rank 0 included, holds a full copy and nothing is broadcast. The files
+must be on a filesystem the rank can read (a local directory, or a hub id that is downloaded to
+the local cache first).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from trainlift.errors import SpecError
+
+
+def empty_model(config: PretrainedConfig) -> torch.nn.Module:
+    """The model's structure on the meta device: parameters have shapes and dtypes but no storage."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def config_of(model_path: str) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(model_path)
+
+
+def local_model_dir(model_path: str) -> Path:
+    """A directory holding the model's safetensors files: the path itself, or the hub download of it."""
+    path = Path(model_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"]))
+
+
+def materialize_shards(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Give the (sharded) meta model real, uninitialised storage on `device`, and recompute the buffers that are
+    not saved with the weights (rotary `inv_freq`) the way transformers itself does after a meta-device load."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for module in model.modules():
+            if non_persistent_buffers(module) and not list(module.parameters(recurse=False)):
+                model._init_weights(module)
+    return model
+
+
+def non_persistent_buffers(module: torch.nn.Module) -> list[str]:
+    return [name for name in module._non_persistent_buffers_set if module._buffers.get(name) is not None]
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{alias: name} for parameters that are the same tensor as an earlier one (a tied LM head)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def load_safetensors(model: torch.nn.Module, model_dir: str | Path,
+                     checkpoint_key: Callable[[str], str] = lambda name: name) -> None:
+    """Fill the model's (sharded, materialised) parameters and persistent buffers from the HF safetensors files
+    in `model_dir`, converting dtypes on the way. `checkpoint_key` maps a model key to its name in the files."""
+    model_dir = Path(model_dir)
+    if not any(model_dir.glob("*.safetensors")):
+        raise SpecError(f"model.path: {model_dir}: no *.safetensors files to load the model from",
+                        hint="save the model with save_pretrained(..., safe_serialization=True)")
+    reader = HuggingFaceStorageReader(str(model_dir))
+    stored = set(reader.read_metadata().state_dict_metadata)
+    aliases = tied_aliases(model)
+    wanted = {checkpoint_key(name): tensor for name, tensor in model.state_dict().items() if name not in aliases}
+    missing = sorted(key for key in wanted if key not in stored)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise SpecError(f"model.path: {model_dir}: the safetensors files lack {shown}",
+                        hint="model.path must hold weights saved for this model's architecture")
+    dcp.load(wanted, storage_reader=HuggingFaceStorageReader(str(model_dir)))
+
+
+@torch.no_grad()
+def init_random(model: torch.nn.Module, seed: int) -> None:
+    """Random init with the model's own `_init_weights`, identical for a seed whatever the world size: each
+    module's full tensors are drawn in a fixed order on every rank, one module at a time, and each rank keeps
+    only its shard of them."""
+    generator_state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    seen: set[int] = set()
+    for module in model.modules():
+        own = {name: p for name, p in module.named_parameters(recurse=False) if id(p) not in seen}
+        if not own:
+            continue
+        seen.update(id(p) for p in own.values())
+        full = {name: torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
+                for name, p in own.items()}
+        for name, tensor in full.items():
+            module._parameters[name] = tensor
+        try:
+            model._init_weights(module)
+        finally:
+            for name, param in own.items():
+                module._parameters[name] = param
+        for name, param in own.items():
+            copy_shard(param, full[name].data)
+    torch.set_rng_state(generator_state)
+
+
+def copy_shard(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of `full` into `param` (a DTensor shard, or a plain tensor)."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full)
