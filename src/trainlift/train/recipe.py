@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, metrics, preflight
+from trainlift.train import checkpoint, data, datacache, metrics, preflight
 from trainlift.train.model import apply_fsdp, flops_per_token, load_model, load_tokenizer
 
 
@@ -182,10 +182,7 @@ def train_loop_per_worker(config: dict) -> None:
         preflight.check_stack(spec.scaling.expect_fabric)
 
     tokenizer = load_tokenizer(spec.model)
-    train_data = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
-    eval_data = data.prepare(spec.data.eval, spec.data.format, tokenizer, spec.data.seq_len) if spec.data.eval else None
-    if eval_data is not None:
-        eval_data.rows = eval_data.rows[: spec.data.eval_examples]
+    train_data, eval_data = datacache.load_splits(spec, tokenizer, rank, config.get("data_cache"))
 
     model = load_model(spec.model, spec.train.seed)
     model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)
