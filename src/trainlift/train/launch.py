@@ -303,7 +303,7 @@ def run_training(
             on_update(ray.get(board.get.remote()))
         summary = ray.get(board.get_summary.remote())
         summary["stopped_by"] = ray.get(board.stop_requested.remote())
-        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at)
+        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at, data_cache=data_cache)
         write_summary(spec, summary)
         return summary
     finally:
