@@ -139,7 +139,11 @@ def build(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> 
             with open(os.path.join(staging, MANIFEST), "w") as fh:
                 json.dump(manifest, fh)
             shutil.rmtree(final, ignore_errors=True)
-            os.rename(staging, final)
+            try:
+                os.rename(staging, final)
+            except OSError:  # another run committed the same key first
+                if verified(final, key) is None:
+                    raise
         else:
             with contextlib.suppress(FileNotFoundError, OSError):
                 fs.delete_dir(final)
