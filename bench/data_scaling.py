@@ -41,9 +41,14 @@ def one_run(work, model: str, train: str, storage, name: str, steps: int, src: s
     env = bl.clean_env(TRAINLIFT_HOME=str(work / "home"))
     if src:
         env["PYTHONPATH"] = src
-    run = bl.trainlift_train(["--steps", str(steps), "--set", f"model.path={model}", "--set", f"data.train={train}",
-                              "--set", "checkpoint.every_steps=0", "--set", "train.eval_every=0"],
-                             storage, name, env, sample_memory=True)
+    args = ["--steps", str(steps), "--set", f"model.path={model}", "--set", f"data.train={train}",
+            "--set", "checkpoint.every_steps=0", "--set", "train.eval_every=0"]
+    try:
+        run = bl.trainlift_train(args, storage, name, env, sample_memory=True)
+    except RuntimeError as exc:  # on a loaded machine Ray itself can time out starting; that run is retried once
+        if "timed out during startup" not in str(exc):
+            raise
+        run = bl.trainlift_train(args, storage, name, env, sample_memory=True)
     return {"first_step_s": first_step_s(run), "rss_mib": run["peak_rss_mib"],
             "built": {k: v["built"] for k, v in run["summary"].get("data_cache", {}).items()}}
 
