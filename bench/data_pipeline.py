@@ -2,7 +2,7 @@
 
     python bench/data_pipeline.py [--steps 40] [--pipeline-seconds 5] [--no-record]
 
-The pipeline is what a worker runs: `data.prepare` once (read, template, tokenize, pack), then per step
+The pipeline is `data.prepare` once (read, template, tokenize, pack: what the driver writes into the data cache once per data set, see benchmark 8), then per step
 `recipe.step_batches` (`data.global_indices`, `rank_slice`, `collate`), timed here alone in one process on
 one thread, as rank 0 of 2. Consumption is the steady-state tokens/s of `trainlift train` on the same
 demo config in the same run, per worker. Tokens are real (non-padding) tokens on both sides.
@@ -75,7 +75,7 @@ def main() -> None:
     body = [
         f"Demo config, rank 0 of 2 workers, one thread. `data.prepare` of the training split "
         f"({produced['examples']} examples → {produced['packs']} packs of 128 tokens) takes "
-        f"**{produced['prepare_s']:.2f} s** once per worker at start-up; after that each step's batch is built in "
+        f"**{produced['prepare_s']:.2f} s** once (the driver, on the first run over this data); after that each step's batch is built in "
         f"the training loop itself.\n",
         bl.table(["", "ms per step", "real tokens/s", "rows/s"], rows),
         f"\n**Headroom {headroom:,.0f}×** for the per-step part (target ≥ {TARGET:.0f}×): "

@@ -30,12 +30,12 @@ TARGET = 1.5
 
 TRAINLIFT_PHASES = [
     ("CLI start-up: interpreter, typer, torch, transformers, trainlift imports", None, "run_training start"),
-    ("driver: import ray / ray.train, preflight, model check", "run_training start", "ensure_ray start"),
+    ("driver: import ray / ray.train, preflight, model check, data cache", "run_training start", "ensure_ray start"),
     ("driver: start Ray (cold) or attach to the head (warm)", "ensure_ray start", "ensure_ray end"),
     ("driver: progress-board actor, TorchTrainer", "ensure_ray end", "fit start"),
     ("Ray Train: controller + worker actors start, imports, gloo group", "fit start", "train_loop start"),
     ("worker: doctor stack check", "train_loop start", "check_stack end"),
-    ("worker: tokenizer + data prepare (train and eval)", "check_stack end", "load_model start"),
+    ("worker: tokenizer + map the data cache (train and eval)", "check_stack end", "load_model start"),
     ("worker: load model (from_pretrained)", "load_model start", "load_model end"),
     ("worker: FSDP2 wrap", "apply_fsdp start", "apply_fsdp end"),
     ("worker: resume check + barrier + metrics sink", "apply_fsdp end", "evaluate start"),

@@ -16,7 +16,7 @@ import time
 LOG = os.environ.get("BENCH_PHASE_LOG")
 WATCHED_IMPORTS = {"torch", "transformers", "ray", "ray.train.torch", "typer", "trainlift.cli",
                    "trainlift.train.launch", "trainlift.train.recipe", "trainlift.doctor"}
-DRIVER_CALLS = ("run_training", "preflight", "prepare_model", "ensure_ray", "scaling_for", "_progress_board")
+DRIVER_CALLS = ("run_training", "preflight", "prepare_model", "prepare_data", "ensure_ray", "scaling_for", "_progress_board")
 WORKER_CALLS = ("load_tokenizer", "load_model", "apply_fsdp", "resume", "evaluate", "train_step")
 
 
@@ -83,7 +83,7 @@ def patch(name: str, module) -> None:
         for attr in WORKER_CALLS:
             setattr(module, attr, traced(attr, getattr(module, attr), first_calls=2 if attr == "train_step" else None))
         module.train_loop_per_worker = traced_train_loop(module.train_loop_per_worker)
-        module.data.prepare = traced("data.prepare", module.data.prepare)
+        module.datacache.load_splits = traced("datacache.load_splits", module.datacache.load_splits)
         module.preflight.check_stack = traced("check_stack", module.preflight.check_stack)
 
 

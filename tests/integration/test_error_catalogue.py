@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -50,6 +52,10 @@ def ws(tiny_assets, tmp_path_factory):
         "bad_json": spec("bad_json.yaml", lambda s: s["data"].update(train=str(root / "bad.jsonl"))),
         "no_key": spec("no_key.yaml", lambda s: s["data"].update(train=str(root / "nokey.jsonl"))),
         "no_assistant": spec("no_assistant.yaml", lambda s: s["data"].update(train=str(root / "noassist.jsonl"))),
+        "bad_parquet": spec("bad_parquet.yaml", lambda s: s["data"].update(train=str(root / "bad.parquet"),
+                                                                            format="prompt_completion")),
+        "parquet_columns": spec("parquet_columns.yaml", lambda s: s["data"].update(train=str(root / "qa.parquet"),
+                                                                                   format="prompt_completion")),
         "long_seq": spec("long_seq.yaml", lambda s: s["data"].update(seq_len=4096)),
         "run_dir": spec("run_dir.yaml", lambda s: s["run"].update(storage=str(root / "blocked"))),
         "bad_model": spec("bad_model.yaml", lambda s: s["model"].update(path=str(root / "empty-model"))),
@@ -61,6 +67,8 @@ def ws(tiny_assets, tmp_path_factory):
     }
     (root / "bad.jsonl").write_text(json.dumps(CHAT) + "\n{oops\n")
     (root / "nokey.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    pq.write_table(pa.table({"prompt": ["a", "b"], "completion": [" x", None]}), root / "bad.parquet")
+    pq.write_table(pa.table({"question": ["a"], "answer": [" x"]}), root / "qa.parquet")
     (root / "noassist.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
     (root / "blocked").mkdir()
     (root / "blocked" / "run").write_text("a file where the run directory goes")
@@ -100,6 +108,8 @@ CASES = {
     "data-bad-json-line": lambda f, r: ["train", f["bad_json"]],
     "data-missing-format-keys": lambda f, r: ["train", f["no_key"]],
     "data-no-assistant-turn": lambda f, r: ["train", f["no_assistant"]],
+    "data-bad-parquet-row": lambda f, r: ["train", f["bad_parquet"]],
+    "data-parquet-column-missing": lambda f, r: ["train", f["parquet_columns"]],
     "seq-len-above-model-max": lambda f, r: ["train", f["long_seq"]],
     "run-dir-unwritable": lambda f, r: ["train", f["run_dir"]],
     "model-dir-without-config": lambda f, r: ["train", f["bad_model"]],

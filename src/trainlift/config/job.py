@@ -41,12 +41,26 @@ class ModelSection(_Section):
         return self
 
 
+DATA_KEYS = ("messages", "prompt", "completion", "text")
+
+
 class DataSection(_Section):
-    train: str
+    train: str = Field(description="A .jsonl/.json/.parquet/.csv file, a directory or glob of them; local or s3://.")
     eval: str | None = None
     format: Literal["messages", "prompt_completion", "text"] = "messages"
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="The data's column for each key the format reads, e.g. "
+        "{prompt: question, completion: answer}.")
     seq_len: int = Field(512, gt=8)
     eval_examples: int = Field(256, ge=1, description="At most this many eval examples are scored.")
+
+    @field_validator("columns")
+    @classmethod
+    def _known_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(DATA_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key {', '.join(unknown)}; the keys are {', '.join(DATA_KEYS)}")
+        return value
 
 
 class TrainSection(_Section):

@@ -1,6 +1,6 @@
 """Read, format, tokenize, mask, pack and shard the training data.
 
-Formats (one JSON object per line):
+Formats (rows of a JSONL/JSON/Parquet/CSV file, see datasource.py; `data.columns` renames the keys):
   messages           {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}]}
   prompt_completion  {"prompt": ..., "completion": ...}
   text               {"text": ...}
@@ -19,15 +19,18 @@ global cursor — how many packs have been consumed — is the whole data positi
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from trainlift.errors import UsageError
+from trainlift.train import datasource
 
 IGNORE = -100
 REQUIRED_KEYS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
@@ -41,8 +44,8 @@ class Example:
 
 @dataclass
 class Packed:
-    rows: list[dict]
-    examples_per_row: list[list[int]]
+    rows: Sequence[dict]  # a list here; rows mapped from the data cache in datacache.py
+    examples_per_row: Sequence[list[int]]
     truncated: int = 0
     tokens: int = field(default=0)
 
@@ -72,10 +75,15 @@ def check_row(row: Any, fmt: str, where: str) -> None:
     missing = [k for k in REQUIRED_KEYS[fmt] if not isinstance(row, dict) or k not in row]
     if missing:
         raise UsageError(f"{where}: missing {', '.join(missing)!s} for data.format={fmt}")
-    if fmt == "messages":
+    if fmt != "messages":
+        for key in REQUIRED_KEYS[fmt]:
+            if not isinstance(row[key], str):
+                raise UsageError(f"{where}: {key} must be text (got {type(row[key]).__name__})")
+    else:
         msgs = row["messages"]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in msgs):
-            raise UsageError(f"{where}: messages must be a list of {{role, content}} objects")
+        if not isinstance(msgs, list) or not all(
+                isinstance(m, dict) and {"role", "content"} <= m.keys() and isinstance(m["content"], str) for m in msgs):
+            raise UsageError(f"{where}: messages must be a list of {{role, content}} objects with text content")
         if not any(m["role"] == "assistant" for m in msgs):
             raise UsageError(f"{where}: no assistant message to learn from")
 
@@ -114,65 +122,122 @@ def chat_prompt(messages: list[dict], tokenizer) -> str:
     return "".join(text for text, _ in _simple_chat_segments(messages, "")) + "<|assistant|>\n"
 
 
-def to_example(row: dict, fmt: str, tokenizer) -> Example:
+def segments_of(row: dict, fmt: str, tokenizer) -> list[tuple[str, bool]]:
+    """The row's text in pieces, each marked trained or not."""
     eos = tokenizer.eos_token or ""
     if fmt == "messages":
         if tokenizer.chat_template:
-            segments = _template_chat_segments(row["messages"], tokenizer)
-        else:
-            segments = _simple_chat_segments(row["messages"], eos)
-    elif fmt == "prompt_completion":
-        segments = [(row["prompt"], False), (row["completion"] + eos, True)]
-    else:
-        segments = [(row["text"] + eos, True)]
-    ids, labels = [], []
-    if tokenizer.bos_token_id is not None and not (fmt == "messages" and tokenizer.chat_template):
-        ids, labels = [tokenizer.bos_token_id], [IGNORE]
-    for text, trained in segments:
-        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += piece
-        labels += piece if trained else [IGNORE] * len(piece)
-    return Example(ids, labels)
+            return _template_chat_segments(row["messages"], tokenizer)
+        return _simple_chat_segments(row["messages"], eos)
+    if fmt == "prompt_completion":
+        return [(row["prompt"], False), (row["completion"] + eos, True)]
+    return [(row["text"] + eos, True)]
 
 
-def pack(examples: list[Example], seq_len: int, pad_id: int) -> Packed:
-    """Greedy in-order packing: each example goes whole into the current row or starts a new one."""
-    rows, members, truncated, tokens = [], [], 0, 0
+def to_examples(rows: list[dict], fmt: str, tokenizer) -> list[Example]:
+    """Tokenized, masked examples; every segment of every row goes to the tokenizer in one batch call."""
+    segments = [segments_of(row, fmt, tokenizer) for row in rows]
+    texts = [text for row_segments in segments for text, _ in row_segments]
+    pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    with_bos = tokenizer.bos_token_id is not None and not (fmt == "messages" and tokenizer.chat_template)
+    examples = []
+    for row_segments in segments:
+        ids, labels = ([tokenizer.bos_token_id], [IGNORE]) if with_bos else ([], [])
+        for _, trained in row_segments:
+            piece = next(pieces)
+            ids += piece
+            labels += piece if trained else [IGNORE] * len(piece)
+        examples.append(Example(ids, labels))
+    return examples
+
+
+def to_example(row: dict, fmt: str, tokenizer) -> Example:
+    return to_examples([row], fmt, tokenizer)[0]
+
+
+def examples_of(rows: Iterable[dict], fmt: str, tokenizer, batch: int = 1024) -> Iterator[Example]:
+    """`to_examples` over a stream of rows, `batch` rows at a time."""
+    chunk: list[dict] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == batch:
+            yield from to_examples(chunk, fmt, tokenizer)
+            chunk = []
+    if chunk:
+        yield from to_examples(chunk, fmt, tokenizer)
+
+
+def pack_stream(examples: Iterable[Example], seq_len: int, pad_id: int) -> Iterator[tuple[dict, list[int], int]]:
+    """Greedy in-order packing: each example goes whole into the current row or starts a new one.
+    Yields (row, indices of its examples, how many of them were truncated to `seq_len`)."""
     cur = {"input_ids": [], "labels": [], "position_ids": []}
     cur_members: list[int] = []
+    cur_truncated = 0
 
     def close():
         pad = seq_len - len(cur["input_ids"])
-        rows.append({
+        return ({
             "input_ids": cur["input_ids"] + [pad_id] * pad,
             "labels": cur["labels"] + [IGNORE] * pad,
             "position_ids": cur["position_ids"] + list(range(pad)),
             "num_tokens": len(cur["input_ids"]),
-        })
-        members.append(list(cur_members))
+        }, list(cur_members), cur_truncated)
 
     for idx, ex in enumerate(examples):
-        ids, labels = ex.input_ids, ex.labels
+        ids, labels, truncated = ex.input_ids, ex.labels, 0
         if len(ids) > seq_len:
-            ids, labels, truncated = ids[:seq_len], labels[:seq_len], truncated + 1
+            ids, labels, truncated = ids[:seq_len], labels[:seq_len], 1
         if cur_members and len(cur["input_ids"]) + len(ids) > seq_len:
-            close()
+            yield close()
             cur = {"input_ids": [], "labels": [], "position_ids": []}
-            cur_members = []
+            cur_members, cur_truncated = [], 0
         cur["input_ids"] += ids
         cur["labels"] += [IGNORE] + labels[1:]  # nothing predicts an example's first token from the previous one
         cur["position_ids"] += list(range(len(ids)))
         cur_members.append(idx)
-        tokens += len(ids)
+        cur_truncated += truncated
     if cur_members:
-        close()
-    return Packed(rows, members, truncated, tokens)
+        yield close()
 
 
-def prepare(path: str, fmt: str, tokenizer, seq_len: int) -> Packed:
-    rows = read_jsonl(path, fmt)
+def pack(examples: Iterable[Example], seq_len: int, pad_id: int) -> Packed:
+    rows, members, truncated = [], [], 0
+    for row, row_members, row_truncated in pack_stream(examples, seq_len, pad_id):
+        rows.append(row)
+        members.append(row_members)
+        truncated += row_truncated
+    return Packed(rows, members, truncated, sum(r["num_tokens"] for r in rows))
+
+
+def records(spec_path: str, fmt: str, columns: dict[str, str] | None = None, limit: int | None = None,
+            field: str = "data.train") -> Iterator[dict]:
+    """Checked rows of a data path under the format's key names; errors name file:row."""
+    n = 0
+    for where, row in datasource.iter_rows(datasource.resolve(spec_path, field)):
+        if limit is not None and n >= limit:
+            return
+        row = datasource.rename(row, columns or {})
+        if fmt == "messages" and isinstance(row, dict) and isinstance(row.get("messages"), str):
+            try:  # a CSV cell holds a conversation as JSON text
+                row["messages"] = json.loads(row["messages"])
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{where}: messages is not valid JSON ({exc.msg})") from None
+        check_row(row, fmt, where)
+        n += 1
+        yield row
+    if n == 0:
+        raise UsageError(f"{field}: no examples in {spec_path}")
+
+
+def pad_id_of(tokenizer) -> int:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return pack([to_example(r, fmt, tokenizer) for r in rows], seq_len, pad_id or 0)
+    return pad_id or 0
+
+
+def prepare(path: str, fmt: str, tokenizer, seq_len: int, columns: dict[str, str] | None = None,
+            limit: int | None = None) -> Packed:
+    """Every row of `path` (at most `limit` examples), tokenized and packed, held in memory."""
+    return pack(examples_of(records(path, fmt, columns, limit), fmt, tokenizer), seq_len, pad_id_of(tokenizer))
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -181,14 +246,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+@functools.lru_cache(maxsize=2)
+def _epoch_order_array(n: int, seed: int, epoch: int) -> np.ndarray:
+    """One epoch's order, shuffled once rather than at every step, and kept as an array, not a list of ints."""
+    order = np.asarray(epoch_order(n, seed, epoch), dtype=np.int64)
+    order.flags.writeable = False
+    return order
+
+
 def global_indices(n: int, seed: int, cursor: int, count: int) -> list[int]:
     """Pack indices cursor..cursor+count-1 of the endless, per-epoch shuffled stream."""
-    out, orders = [], {}
+    out = []
     for pos in range(cursor, cursor + count):
         epoch, i = divmod(pos, n)
-        if epoch not in orders:
-            orders[epoch] = epoch_order(n, seed, epoch)
-        out.append(orders[epoch][i])
+        out.append(int(_epoch_order_array(n, seed, epoch)[i]))
     return out
 
 
@@ -200,8 +271,9 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
 
 def collate(rows: list[dict]) -> dict:
     """Tensors for the model plus `num_tokens`, the count of real (non-padding) tokens."""
-    batch = {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
-    batch["num_tokens"] = sum(r.get("num_tokens", len(r["input_ids"])) for r in rows)
+    batch = {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).long()
+             for k in ("input_ids", "labels", "position_ids")}
+    batch["num_tokens"] = int(sum(r.get("num_tokens", len(r["input_ids"])) for r in rows))
     return batch
 
 

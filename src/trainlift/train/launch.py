@@ -22,7 +22,7 @@ from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
-from trainlift.train import data, failures
+from trainlift.train import datacache, datasource, failures
 from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
@@ -95,12 +95,11 @@ def _model_config(spec: JobSpec):
 
 
 def preflight(spec: JobSpec) -> None:
-    """Every check that needs no Ray: data files parse, seq_len fits the model, storage is writable."""
+    """Every check that needs no Ray: data files exist (their rows are checked as the data cache is built, in
+    `prepare_data`), seq_len fits the model, storage is writable."""
     for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
         if path is not None:
-            if not Path(path).is_file():
-                raise UsageError(f"{name}: data file not found: {path}", hint="fix the path in the spec or with --set")
-            data.read_jsonl(path, spec.data.format)
+            datasource.check_schema(datasource.resolve(path, name), spec.data.format, spec.data.columns)
     limit = max_positions(_model_config(spec))
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
@@ -129,6 +128,13 @@ def prepare_model(spec: JobSpec) -> None:
     """Build and save the model first when the spec gives both model.config and model.path."""
     if spec.model.path and spec.model.config is not None:
         materialize(spec.model.path, spec.model.config, spec.model.tokenizer or spec.model.path, spec.train.seed)
+
+
+def prepare_data(spec: JobSpec) -> dict[str, dict]:
+    """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there)."""
+    from trainlift.train.model import load_tokenizer
+
+    return datacache.prepare_splits(spec, load_tokenizer(spec.model))
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> bool:
@@ -277,6 +283,7 @@ def run_training(
         check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
                                         ray.util.get_node_ip_address())
         prepare_model(spec)
+        data_cache = prepare_data(spec)
         scaling, use_gpu = scaling_for(spec, workers)
         nccl_log_prefix, nccl_env = None, {}
         if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
@@ -289,7 +296,8 @@ def run_training(
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
-                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix},
+                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix,
+                               "data_cache": data_cache},
             scaling_config=scaling,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=RunConfig(
@@ -313,7 +321,7 @@ def run_training(
             on_update(ray.get(board.get.remote()))
         summary = ray.get(board.get_summary.remote())
         summary["stopped_by"] = ray.get(board.stop_requested.remote())
-        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at)
+        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at, data_cache=data_cache)
         write_summary(spec, summary)
         return summary
     finally:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, export, metrics, preflight, weights
+from trainlift.train import checkpoint, data, datacache, export, metrics, preflight, weights
 from trainlift.train.loss import token_loss_sum
 from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
 
@@ -175,10 +175,7 @@ def train_loop_per_worker(config: dict) -> None:
         preflight.check_stack(spec.scaling.expect_fabric)
 
     tokenizer = load_tokenizer(spec.model)
-    train_data = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
-    eval_data = data.prepare(spec.data.eval, spec.data.format, tokenizer, spec.data.seq_len) if spec.data.eval else None
-    if eval_data is not None:
-        eval_data.rows = eval_data.rows[: spec.data.eval_examples]
+    train_data, eval_data = datacache.load_splits(spec, tokenizer, rank, config.get("data_cache"))
 
     model = weights.empty_model(sharded_config(spec.model))
     model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)

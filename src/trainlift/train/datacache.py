@@ -1,0 +1,304 @@
+"""Tokenize once, read a slice: packed rows cached as memory-mapped numpy arrays under the run's storage root.
+
+    <run.storage>/.cache/data/<key>/
+        rows-00000.npy   int32 [n, 3, seq_len]: input_ids, labels, position_ids of each packed row
+        meta-00000.npy   int64 [n, 3]: real tokens, index of the first example, number of examples
+        manifest.json    written last: the commit marker, with every file's size and sha256
+
+The key is a hash of everything the rows depend on: the data files (datasource.fingerprint), the tokenizer
+(its saved files), the format, the column mapping, `seq_len`, an example limit and VERSION (raised whenever
+the packed rows of the same input would change). The driver builds the caches before any worker starts
+(`prepare_splits`): it is the one process that must read every row anyway, to reject bad ones with
+`file:row` before Ray starts, and the workers then start straight onto finished arrays instead of waiting
+at a barrier for rank 0. Workers only map the arrays (`load_splits`) and read the rows of their steps, so
+their memory does not grow with the data set. Should a cache be missing or fail its checksums when the
+workers open it, rank 0 rebuilds it while the others wait at a barrier.
+
+On local storage a cache is built in a sibling directory and renamed into place. On `s3://` the arrays are
+uploaded first and the manifest last; each node downloads a cache once (under a file lock, into the
+system's temporary directory) and maps its local copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from trainlift.train import data, datasource
+
+VERSION = 1
+SHARD_BYTES = 32 << 20
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Split:
+    """One cache's input: a data path and everything that shapes its packed rows."""
+
+    path: str
+    fmt: str
+    seq_len: int
+    columns: tuple[tuple[str, str], ...] = ()
+    limit: int | None = None  # at most this many examples, counted before packing
+    field: str = "data.train"
+
+
+def splits(spec) -> dict[str, Split]:
+    columns = tuple(sorted((spec.data.columns or {}).items()))
+    out = {"train": Split(spec.data.train, spec.data.format, spec.data.seq_len, columns)}
+    if spec.data.eval:
+        out["eval"] = Split(spec.data.eval, spec.data.format, spec.data.seq_len, columns,
+                            spec.data.eval_examples, "data.eval")
+    return out
+
+
+def root_of(storage: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of `<storage>/.cache/data` (`run.storage`, a local path or an s3:// URI)."""
+    fs, path = pafs.FileSystem.from_uri(storage) if "://" in storage else (pafs.LocalFileSystem(), storage)
+    return fs, f"{path.rstrip('/')}/.cache/data"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of the files `save_pretrained` writes: vocabulary, merges, special tokens, chat template."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix="trainlift-tok-") as out:
+        tokenizer.save_pretrained(out)
+        for name in sorted(os.listdir(out)):
+            digest.update(name.encode())
+            with open(os.path.join(out, name), "rb") as fh:
+                digest.update(fh.read())
+    return digest.hexdigest()
+
+
+def cache_key(split: Split, tokenizer_hash: str) -> str:
+    files = datasource.resolve(split.path, split.field)
+    parts = {"version": VERSION, "data": datasource.fingerprint(files), "tokenizer": tokenizer_hash,
+             "format": split.fmt, "columns": list(split.columns), "seq_len": split.seq_len, "limit": split.limit}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_shards(split: Split, tokenizer, out: str) -> dict:
+    """Stream rows, tokenize, pack, and save them shard by shard; returns the manifest (not yet written)."""
+    rows_per_shard = max(1, SHARD_BYTES // (3 * split.seq_len * 4))
+    rows = np.empty((rows_per_shard, 3, split.seq_len), dtype=np.int32)
+    meta = np.empty((rows_per_shard, 3), dtype=np.int64)
+    files, shard_rows, filled, total, truncated, tokens = {}, [], 0, 0, 0, 0
+
+    def flush():
+        index = len(shard_rows)
+        for name, array in ((f"rows-{index:05d}.npy", rows), (f"meta-{index:05d}.npy", meta)):
+            np.save(os.path.join(out, name), array[:filled])
+            files[name] = {"bytes": os.path.getsize(os.path.join(out, name)), "sha256": _sha256(os.path.join(out, name))}
+        shard_rows.append(filled)
+
+    records = data.records(split.path, split.fmt, dict(split.columns), split.limit, split.field)
+    examples = data.examples_of(records, split.fmt, tokenizer)
+    for row, members, row_truncated in data.pack_stream(examples, split.seq_len, data.pad_id_of(tokenizer)):
+        if filled == rows_per_shard:
+            flush()
+            filled = 0
+        rows[filled] = (row["input_ids"], row["labels"], row["position_ids"])
+        meta[filled] = (row["num_tokens"], members[0], len(members))
+        filled, total = filled + 1, total + 1
+        truncated, tokens = truncated + row_truncated, tokens + row["num_tokens"]
+    flush()
+    return {"version": VERSION, "seq_len": split.seq_len, "rows": total, "shard_rows": shard_rows,
+            "truncated": truncated, "tokens": tokens, "files": files}
+
+
+def build(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> dict:
+    """Build the cache for `key` and commit it: the manifest appears only once every array file is in place."""
+    local = isinstance(fs, pafs.LocalFileSystem)
+    if local:
+        os.makedirs(root, exist_ok=True)
+    staging = os.path.join(root, f".{key}.partial-{uuid.uuid4().hex[:8]}") if local else tempfile.mkdtemp(prefix="trainlift-data-")
+    os.makedirs(staging, exist_ok=True)
+    try:
+        manifest = {**_write_shards(split, tokenizer, staging), "key": key}
+        final = f"{root}/{key}"
+        if local:
+            with open(os.path.join(staging, MANIFEST), "w") as fh:
+                json.dump(manifest, fh)
+            shutil.rmtree(final, ignore_errors=True)
+            try:
+                os.rename(staging, final)
+            except OSError:  # another run committed the same key first
+                if verified(final, key) is None:
+                    raise
+        else:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                fs.delete_dir(final)
+            fs.create_dir(final)
+            for name in manifest["files"]:
+                pafs.copy_files(os.path.join(staging, name), f"{final}/{name}", destination_filesystem=fs)
+            with fs.open_output_stream(f"{final}/{MANIFEST}") as fh:
+                fh.write(json.dumps(manifest).encode())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def read_manifest(fs: pafs.FileSystem, directory: str, key: str) -> dict | None:
+    """The manifest of a committed cache whose files all have their recorded sizes; None otherwise."""
+    try:
+        with fs.open_input_stream(f"{directory}/{MANIFEST}") as fh:
+            manifest = json.loads(fh.read())
+        infos = fs.get_file_info([f"{directory}/{name}" for name in manifest["files"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if manifest.get("version") != VERSION or manifest.get("key") != key:
+        return None
+    if any(i.type != pafs.FileType.File or i.size != f["bytes"] for i, f in zip(infos, manifest["files"].values())):
+        return None
+    return manifest
+
+
+def verified(directory: str, key: str) -> dict | None:
+    """A local cache's manifest when every file also matches its checksum (a corrupt cache is never used)."""
+    manifest = read_manifest(pafs.LocalFileSystem(), directory, key)
+    if manifest is None:
+        return None
+    ok = all(_sha256(os.path.join(directory, name)) == f["sha256"] for name, f in manifest["files"].items())
+    return manifest if ok else None
+
+
+def ensure(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> bool:
+    """Build the cache unless a sound one is there; returns whether it was built."""
+    directory = f"{root}/{key}"
+    sound = verified(directory, key) if isinstance(fs, pafs.LocalFileSystem) else read_manifest(fs, directory, key)
+    if sound is not None:
+        return False
+    build(fs, root, key, split, tokenizer)
+    return True
+
+
+def local_copy(fs: pafs.FileSystem, root: str, key: str) -> str | None:
+    """A local, checksum-verified directory holding the cache: the storage itself when it is local, else a
+    per-node copy downloaded once (the first worker on a node downloads it, the others wait on a file lock)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return f"{root}/{key}"
+    base = os.path.join(tempfile.gettempdir(), "trainlift-data-cache")
+    os.makedirs(base, exist_ok=True)
+    target = os.path.join(base, key)
+    with open(f"{target}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if verified(target, key) is not None:
+            return target
+        manifest = read_manifest(fs, f"{root}/{key}", key)
+        if manifest is None:
+            return None
+        shutil.rmtree(target, ignore_errors=True)
+        staging = tempfile.mkdtemp(prefix=f".{key}-", dir=base)
+        for name in manifest["files"]:
+            pafs.copy_files(f"{root}/{key}/{name}", os.path.join(staging, name), source_filesystem=fs)
+        with open(os.path.join(staging, MANIFEST), "w") as fh:
+            json.dump(manifest, fh)
+        os.rename(staging, target)
+        return target if verified(target, key) is not None else None
+
+
+class MappedRows(Sequence):
+    """Packed rows read from memory-mapped shards: row i is a dict like `data.pack`'s, of numpy views."""
+
+    def __init__(self, directory: str, manifest: dict):
+        self.shards = [(np.load(os.path.join(directory, f"rows-{i:05d}.npy"), mmap_mode="r"),
+                        np.load(os.path.join(directory, f"meta-{i:05d}.npy"), mmap_mode="r"))
+                       for i in range(len(manifest["shard_rows"]))]
+        self.per_shard = max(manifest["shard_rows"][0], 1)
+        self.n = manifest["rows"]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def locate(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        shard, offset = divmod(i % self.n, self.per_shard)
+        rows, meta = self.shards[shard]
+        return rows, meta, offset
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        rows, meta, offset = self.locate(i)
+        ids, labels, positions = rows[offset]
+        return {"input_ids": ids, "labels": labels, "position_ids": positions, "num_tokens": int(meta[offset, 0])}
+
+
+class MappedMembers(Sequence):
+    """`Packed.examples_per_row` for mapped rows: each row's examples are consecutive."""
+
+    def __init__(self, rows: MappedRows):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        _, meta, offset = self.rows.locate(i)
+        first, count = int(meta[offset, 1]), int(meta[offset, 2])
+        return list(range(first, first + count))
+
+
+def open_packed(directory: str, manifest: dict) -> data.Packed:
+    rows = MappedRows(directory, manifest)
+    return data.Packed(rows, MappedMembers(rows), manifest["truncated"], manifest["tokens"])
+
+
+def prepare_splits(spec, tokenizer) -> dict[str, dict]:
+    """On the driver: each split's cache key, built when missing or unsound. Rows are checked while
+    building, so bad data fails here with `file:row`; a cache that exists was checked when it was built."""
+    fs, root = root_of(spec.run.storage)
+    tokenizer_hash = tokenizer_fingerprint(tokenizer)
+    out = {}
+    for name, split in splits(spec).items():
+        key = cache_key(split, tokenizer_hash)
+        out[name] = {"key": key, "built": ensure(fs, root, key, split, tokenizer)}
+    return out
+
+
+def load_splits(spec, tokenizer, rank: int, keys: dict[str, dict] | None = None):
+    """In a worker: (train, eval or None) as mapped `data.Packed`. `keys` come from the driver's
+    `prepare_splits`; without them (the recipe run on its own) they are computed here."""
+    import torch.distributed as dist
+
+    fs, root = root_of(spec.run.storage)
+    todo = splits(spec)
+    if keys is None:
+        tokenizer_hash = tokenizer_fingerprint(tokenizer)
+        keys = {name: {"key": cache_key(split, tokenizer_hash)} for name, split in todo.items()}
+    if rank == 0:
+        for name, split in todo.items():
+            ensure(fs, root, keys[name]["key"], split, tokenizer)
+    if dist.is_initialized():
+        dist.barrier()
+    packed = {}
+    for name in todo:
+        key = keys[name]["key"]
+        directory = local_copy(fs, root, key)
+        manifest = read_manifest(pafs.LocalFileSystem(), directory, key) if directory else None
+        if manifest is None:
+            raise RuntimeError(f"the data cache {root}/{key} is missing or incomplete after it was built")
+        packed[name] = open_packed(directory, manifest)
+    return packed["train"], packed.get("eval")

@@ -1,0 +1,107 @@
+"""Training on data as users keep it: a Parquet file with its own column names, a directory of JSONL files, and
+JSONL on S3 (a real S3-compatible server, moto, over HTTP on loopback). The S3 part of the data cache (arrays
+uploaded under s3:// storage, downloaded once per node) is checked here too, without Ray."""
+
+import json
+import math
+import os
+import runpy
+from pathlib import Path
+
+import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from trainlift.config.job import validate_job_spec
+from trainlift.train import data, datacache
+from trainlift.train.launch import run_training
+
+h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "trainlift-data"
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    h.use(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+def rows_of(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def short_run(tiny_assets, tmp_path, **data_section):
+    return validate_job_spec({
+        "model": {"path": str(tiny_assets / "model")},
+        "data": {"seq_len": 64, **data_section},
+        "train": {"steps": 2, "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "seed": 0},
+        "checkpoint": {"every_steps": 0},
+        "run": {"name": "formats", "storage": str(tmp_path / "runs"), "max_failures": 0},
+    })
+
+
+def assert_trained(summary, spec):
+    assert summary["finished"] and summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+    root = Path(datacache.root_of(spec.run.storage)[1])
+    for entry in summary["data_cache"].values():
+        assert entry["built"] and (root / entry["key"] / "manifest.json").is_file()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_parquet_with_renamed_columns_and_a_directory_of_jsonl_train(tiny_assets, tmp_path):
+    conversations = [{"conversation": r["messages"]} for r in rows_of(tiny_assets / "train.jsonl")]
+    pq.write_table(pa.Table.from_pylist(conversations), tmp_path / "train.parquet")
+    shards, eval_rows = tmp_path / "eval", rows_of(tiny_assets / "eval.jsonl")
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows[i::2]))
+    spec = short_run(tiny_assets, tmp_path, train=str(tmp_path / "train.parquet"), eval=str(shards),
+                     columns={"messages": "conversation"})
+    summary = run_training(spec)
+    assert_trained(summary, spec)
+    assert summary["eval_loss"] is not None and math.isfinite(summary["eval_loss"])
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_jsonl_on_s3_trains(s3, tiny_assets, tmp_path):
+    lines = (tiny_assets / "train.jsonl").read_text().splitlines(keepends=True)
+    for i in range(2):
+        s3.put_object(Bucket=BUCKET, Key=f"data/train/part-{i}.jsonl", Body="".join(lines[i::2]).encode())
+    spec = short_run(tiny_assets, tmp_path, train=f"s3://{BUCKET}/data/train/")
+    assert_trained(run_training(spec), spec)
+
+
+def test_a_cache_on_s3_storage_is_uploaded_once_and_downloaded_once_per_node(s3, tiny_assets, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "node-tmp"))  # this "node"'s local cache directory
+    (tmp_path / "node-tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "examples" / "tiny" / "tokenizer")
+    spec = validate_job_spec({"model": {"path": "unused"}, "run": {"storage": f"s3://{BUCKET}/runs"},
+                              "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64}})
+    keys = datacache.prepare_splits(spec, tokenizer)
+    key = keys["train"]["key"]
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/.cache/data/{key}/")["Contents"]
+    names = sorted(o["Key"].rsplit("/", 1)[1] for o in listed if not o["Key"].endswith("/"))  # not folder markers
+    assert names == ["manifest.json", "meta-00000.npy", "rows-00000.npy"]
+    assert not datacache.prepare_splits(spec, tokenizer)["train"]["built"]
+
+    train, _ = datacache.load_splits(spec, tokenizer, rank=0, keys=keys)
+    expected = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
+    assert [r["input_ids"].tolist() for r in train.rows] == [r["input_ids"] for r in expected.rows]
+    local = tmp_path / "node-tmp" / "trainlift-data-cache" / key
+    copied = (local / "rows-00000.npy").stat().st_ino
+    datacache.load_splits(spec, tokenizer, rank=1, keys=keys)  # another worker on the node: no second download
+    assert (local / "rows-00000.npy").stat().st_ino == copied
+
+    raw = bytearray((local / "rows-00000.npy").read_bytes())
+    raw[-3] ^= 0xFF
+    (local / "rows-00000.npy").write_bytes(bytes(raw))  # a damaged local copy is fetched again, not read
+    again, _ = datacache.load_splits(spec, tokenizer, rank=1, keys=keys)
+    assert [r["input_ids"].tolist() for r in again.rows] == [r["input_ids"] for r in expected.rows]
