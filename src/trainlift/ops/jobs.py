@@ -22,6 +22,7 @@ from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
 
 PROGRESS_PREFIX = "trainlift-progress "
+PROGRESS_ENV = "TRAINLIFT_PROGRESS"  # set to json in a submitted job: `submit --follow` reads those lines
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 PORT_FORWARD_HINT = ("for a cluster on EKS: kubectl port-forward svc/<cluster>-head-svc 8265:8265 and use "
                      "http://localhost:8265; for this machine: trainlift local up")
@@ -93,7 +94,7 @@ def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars
         "working_dir": str(working_dir),
         "excludes": excludes,
         "py_modules": [str(Path(trainlift.__file__).parent)],
-        "env_vars": {"PYTHONUNBUFFERED": "1", **env_vars},
+        "env_vars": {"PYTHONUNBUFFERED": "1", PROGRESS_ENV: "json", **env_vars},
     }
     if pip:
         env["pip"] = pip

@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 from trainlift.config.job import JobSpec
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
-from trainlift.train import data, failures
+from trainlift.train import data, failures, trackers
 from trainlift.train.preflight import NCCL_LOG_ENV
 from trainlift.train.model import build_config, materialize, max_positions
 
@@ -105,6 +105,7 @@ def preflight(spec: JobSpec) -> None:
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
+    trackers.check(spec)
     check_run_dir(spec)
 
 
@@ -282,7 +283,7 @@ def run_training(
                 failure_config=FailureConfig(max_failures=spec.run.max_failures,
                                              controller_failure_limit=failures.START_RETRIES),
                 checkpoint_config=CheckpointConfig(num_to_keep=None),
-                worker_runtime_env={"env_vars": nccl_env},
+                worker_runtime_env={"env_vars": {**nccl_env, **trackers.worker_env()}},
             ),
         )
         try:
