@@ -88,8 +88,8 @@ def figures(runs: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
                 drawn = True
             for mark in restarts(rows):
                 ax.axvline(mark.step, color=color, linestyle=":", linewidth=1)
-                ax.annotate(mark.label, (mark.step, 1), xycoords=("data", "axes fraction"), rotation=90,
-                            va="top", ha="right", fontsize=7, color=color)
+                ax.annotate(mark.label, (mark.step, 1), xycoords=("data", "axes fraction"), xytext=(-2, -4),
+                            textcoords="offset points", rotation=90, va="top", ha="right", fontsize=7, color=color)
         if not drawn:
             continue
         ax.set_title(title)
@@ -114,6 +114,17 @@ def _cell(value: Any, fmt: str) -> str:
         return fmt.format(value)
     except (ValueError, TypeError):
         return str(value)
+
+
+def table_values(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json describes the last attempt; the eval before the first step comes from the rows, and the
+    checkpoint resumed from is named relative to the run."""
+    values = dict(summary or {})
+    if values.get("initial_eval_loss") is None:
+        values["initial_eval_loss"] = next((r["eval_loss"] for r in eval_rows(rows) if r["step"] == 0), None)
+    if values.get("resumed_from"):
+        values["resumed_from"] = str(values["resumed_from"]).rstrip("/").rsplit("/", 1)[-1]
+    return values
 
 
 def summary_table(runs: list[tuple[str, dict[str, Any] | None]]) -> str:
@@ -142,7 +153,7 @@ def html_page(title: str, runs: list[tuple[str, list[dict[str, Any]], dict[str, 
         f'<img alt="{stem}" src="data:image/png;base64,{base64.b64encode(data).decode()}">' for stem, data in pngs.items())
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"{summary_table([(label, summary) for label, _, summary in runs])}"
+            f"{summary_table([(label, table_values(rows, summary)) for label, rows, summary in runs])}"
             f"{restart_list([(label, rows) for label, rows, _ in runs])}{images}</body></html>")
 
 

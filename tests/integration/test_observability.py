@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -46,6 +45,17 @@ def tracked_run(tiny_assets, tmp_path_factory):
             os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
         else:
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = previous
+
+
+def cli(*args):
+    """The CLI in this process (the report needs no Ray): exit code and stdout."""
+    from typer.testing import CliRunner
+
+    from trainlift.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, (result.output, result.exception)
+    return json.loads(result.stdout)
 
 
 def metrics_rows(run_dir):
@@ -110,10 +120,7 @@ def test_report_opens_in_a_browser_with_every_plot_loaded(tracked_run, tmp_path)
     if browser is None:
         pytest.skip("Chromium is not installed (apt-get install -y chromium; `make test` does it where apt works)")
     report = tmp_path / "report.html"
-    out = subprocess.run([sys.executable, "-m", "trainlift", "report", str(tracked_run["run_dir"]), "-o", str(report),
-                          "--png", str(tmp_path / "png"), "--json"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+    result = cli("report", str(tracked_run["run_dir"]), "-o", str(report), "--png", str(tmp_path / "png"), "--json")
     assert result["plots"] == ["loss", "lr", "tokens_per_s"]  # no MFU plot on CPU
     assert result["restarts"] == {"obs-run": [{"step": 2, "label": "resumed at 2"}]}
     page = report.read_text()
@@ -138,19 +145,13 @@ def test_report_compare_overlays_two_runs(tracked_run, tmp_path):
     other = tracked_run["root"] / "runs" / "obs-copy"
     if not other.exists():
         shutil.copytree(tracked_run["run_dir"], other, ignore=shutil.ignore_patterns("checkpoint_*", "final"))
-    out = subprocess.run([sys.executable, "-m", "trainlift", "report", str(tracked_run["run_dir"]), "--compare",
-                          str(other), "-o", str(tmp_path / "cmp.html"), "--json"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
+    cli("report", str(tracked_run["run_dir"]), "--compare", str(other), "-o", str(tmp_path / "cmp.html"), "--json")
     page = (tmp_path / "cmp.html").read_text()
     assert "obs-run vs obs-copy" in page and "<th>obs-copy</th>" in page
 
 
 def test_runs_lists_steps_losses_and_state(tracked_run):
-    out = subprocess.run([sys.executable, "-m", "trainlift", "runs", str(tracked_run["root"] / "runs"), "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    rows = {r["name"]: r for r in cli("runs", str(tracked_run["root"] / "runs"), "--json")}
     row = rows["obs-run"]
     summary = tracked_run["resumed"]
     assert (row["steps"], row["total_steps"], row["state"]) == (4, 4, "finished")

@@ -42,6 +42,9 @@ def test_build_draws_the_plots_that_have_data_into_one_self_contained_page():
     assert all(data.startswith(b"\x89PNG") and len(data) > 5000 for data in pngs.values())
     assert page.count("data:image/png;base64,") == 3 and "http" not in page.split("<body>", 1)[1]
     assert "<th>final_loss</th><td>0.6670</td>" in page and "<th>mfu</th><td>—</td>" in page
+    resumed = {"finished": True, "initial_eval_loss": None, "resumed_from": "s3://b/runs/demo/checkpoint_00000002"}
+    assert report.table_values(rows, resumed) == {"finished": True, "initial_eval_loss": 2.0,
+                                                  "resumed_from": "checkpoint_00000002"}
     with_mfu = [start(0), train(1, mfu=0.31), train(2, mfu=0.33)]
     assert "mfu" in report.build([("gpu", with_mfu, None)])[1]
 

@@ -49,6 +49,17 @@ def test_mlflow_without_a_tracking_uri_is_a_spec_error(tmp_path, monkeypatch):
         spec_for(tmp_path, trackers=["wandb"])
 
 
+def test_an_mlflow_store_that_does_not_answer_stops_the_run_before_ray_starts(tmp_path, monkeypatch):
+    from trainlift.errors import UsageError
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # MLflow refuses a file store without it
+    with pytest.raises(UsageError, match=r"run.mlflow_uri: MLflow at file://\S+ does not answer") as exc:
+        trackers.check(spec_for(tmp_path, trackers=["mlflow"], mlflow_uri=f"file://{tmp_path / 'mlruns'}"))
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in exc.value.one_line()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    trackers.check(spec_for(tmp_path, trackers=["mlflow"], mlflow_uri=f"file://{tmp_path / 'mlruns'}"))
+
+
 def test_a_restart_that_repeats_steps_logs_each_step_once(tmp_path, monkeypatch):
     """A worker-group restart from checkpoint 2 after steps 1-3 were logged (as after a crash at step 3)."""
     from mlflow.tracking import MlflowClient
@@ -87,5 +98,5 @@ def test_a_failing_tracker_is_dropped_with_one_warning_and_metrics_jsonl_keeps_e
         sink.write(row(step, 1.0))
     sink.close()
     err = capsys.readouterr().err
-    assert err.count("stopped logging") == 1 and "pw@" not in err
+    assert err.count("stopped logging") == 1 and "pw@" not in err and "metrics.jsonl still gets every row" in err
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3

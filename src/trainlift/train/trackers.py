@@ -8,6 +8,7 @@ with one warning: metrics.jsonl still has every row.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -82,9 +83,41 @@ def check(spec: JobSpec) -> None:
     for name in spec.run.trackers:
         if importlib.util.find_spec(name) is None:  # the module is named like the tracker
             raise UsageError(f"run.trackers: {name} is not installed", hint=INSTALL_HINTS[name])
-    if "mlflow" in spec.run.trackers and not tracking_uri(spec):
+    if "mlflow" not in spec.run.trackers:
+        return
+    uri = tracking_uri(spec)
+    if not uri:
         raise SpecError("run.mlflow_uri: the mlflow tracker needs a tracking server",
                         hint="set run.mlflow_uri or MLFLOW_TRACKING_URI, e.g. http://mlflow.example:5000")
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with _env(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10"):  # one try, not minutes
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises many types; its first line says what is wrong
+        raise UsageError(f"run.mlflow_uri: MLflow at {redact(uri)} does not answer: "
+                         f"{redact(_first_line(exc))[:300]}",
+                         hint="check the URI and MLFLOW_TRACKING_TOKEN (or _USERNAME/_PASSWORD); a file store "
+                              "also needs MLFLOW_ALLOW_FILE_STORE=true") from None
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class TensorBoardTracker:
@@ -241,13 +274,23 @@ class TrackedSink:
                 getattr(tracker, method)(*args)
             except Exception as exc:  # noqa: BLE001 - a tracker must not end the run
                 self.trackers.remove(tracker)
-                print(f"trainlift: {type(tracker).__name__} stopped logging: {redact(str(exc).splitlines()[0] if str(exc) else repr(exc))}",
-                      file=sys.stderr, flush=True)
+                _warn(f"{type(tracker).__name__} stopped logging: {_first_line(exc)}")
+
+
+def _warn(message: str) -> None:
+    print(f"trainlift: {redact(message)}; metrics.jsonl still gets every row", file=sys.stderr, flush=True)
 
 
 def open_sink(spec: JobSpec, fs: pafs.FileSystem, run_path: str, resumed_at: int):
-    """Rank 0's sink: metrics.jsonl, plus the spec's trackers when it names any."""
+    """Rank 0's sink: metrics.jsonl, plus the spec's trackers when it names any. A tracker that cannot start
+    here (the driver checked it could) is left out with a warning rather than ending the run."""
     jsonl = metrics.JsonlSink(fs, f"{run_path}/metrics.jsonl")
     if not spec.run.trackers:
         return jsonl
-    return TrackedSink(jsonl, [TRACKERS[name](spec, fs, run_path, resumed_at) for name in spec.run.trackers])
+    started = []
+    for name in spec.run.trackers:
+        try:
+            started.append(TRACKERS[name](spec, fs, run_path, resumed_at))
+        except Exception as exc:  # noqa: BLE001 - the run's metrics are safe in metrics.jsonl
+            _warn(f"the {name} tracker did not start: {_first_line(exc)}")
+    return TrackedSink(jsonl, started)
