@@ -44,3 +44,7 @@ def test_sigterm_checkpoints_exits_3_and_the_rerun_resumes(tiny_assets, tmp_path
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     summary = json.loads(rerun.stdout)
     assert summary["resumed_from"].endswith(f"checkpoint_{stopped_at:08d}") and summary["steps"] == stopped_at + 2
+    # Piped, not asked for machine lines: human progress lines only, the last step's always among them.
+    assert "trainlift-progress" not in stderr + rerun.stderr
+    assert f"resumed at step {stopped_at} on 2 workers" in rerun.stderr
+    assert f"step {stopped_at + 2}/{stopped_at + 2}  loss " in rerun.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,10 +13,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from trainlift.cli.app import app, console, err_console, print_json
+from trainlift.cli.progress import MODES, ProgressLines
 from trainlift.config.job import load_job_spec
-from trainlift.ops.jobs import PROGRESS_PREFIX
-
-PROGRESS_KEYS = ("step", "total_steps", "loss", "tokens_per_s", "step_time_s")
+from trainlift.errors import UsageError
+from trainlift.ops.jobs import PROGRESS_ENV
 
 
 def _fmt(value, spec: str = ".4g") -> str:
@@ -35,6 +34,11 @@ def train(
         None, help="Ray cluster to attach to (default: RAY_ADDRESS, else the `trainlift local up` head, else an embedded local Ray)."),
     stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step; rerun to resume."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Train even when the workers' stack checks fail."),
+    progress_mode: str = typer.Option(
+        "auto", "--progress", envvar=PROGRESS_ENV, show_envvar=False,
+        help="auto: a bar on a terminal, else a line every --log-every seconds; lines: those lines even on a "
+             "terminal; json: a `trainlift-progress {json}` line per update (what `submit --follow` reads)."),
+    log_every: float = typer.Option(30.0, "--log-every", min=0.0, help="Seconds between progress lines off a terminal."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
@@ -50,6 +54,9 @@ def train(
         overrides.append(f"train.steps={steps}")
     if run_dir is not None:
         overrides.append(f"run.storage={run_dir}")
+    if progress_mode not in MODES:
+        raise UsageError(f"--progress {progress_mode!r}: expected one of {', '.join(MODES)}",
+                         hint=f"unset {PROGRESS_ENV} or pass --progress auto")
     spec = load_job_spec(spec_file, overrides)
     if skip_doctor:
         err_console.print("[bold yellow]WARNING: --skip-doctor: the workers' stack and transport checks are OFF; "
@@ -62,19 +69,18 @@ def train(
             address = local_head["gcs_address"]
             localray.use_head_auth()
 
+    bar = console.is_terminal and progress_mode == "auto"
+    lines = None if bar else ProgressLines(progress_mode, log_every)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, transient=json_out, disable=json_out,
+        console=console, transient=json_out, disable=json_out or not bar,
     ) as progress:
         task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…")
-        last_printed = [None]
 
         def on_update(row: dict) -> None:
-            if not console.is_terminal and row.get("event") == "step" and row["step"] != last_printed[0]:
-                # Machine-readable progress for `trainlift submit --follow`, which reads the job's log.
-                print(PROGRESS_PREFIX + json.dumps({k: row[k] for k in PROGRESS_KEYS}), file=sys.stderr, flush=True)
-                last_printed[0] = row["step"]
+            if lines is not None:
+                lines(row)
             if row.get("event") == "step":
                 info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
                 progress.update(task, completed=row["step"], info=info)

@@ -121,6 +121,17 @@ class RunSection(_Section):
     name: str = "run"
     storage: str = Field("runs", description="Local directory or s3://bucket/prefix; the run lives in <storage>/<name>.")
     max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+    trackers: list[Literal["tensorboard", "mlflow"]] = Field(
+        [], description="Also log the per-step metrics to TensorBoard (<run>/tensorboard/) and/or MLflow.")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default: MLFLOW_TRACKING_URI.")
+    experiment: str | None = Field(None, description="MLflow experiment; default: run.name up to its first '-'.")
+
+    @field_validator("trackers")
+    @classmethod
+    def _no_repeats(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"names a tracker twice (got {value})")
+        return value
 
     @field_validator("name")
     @classmethod

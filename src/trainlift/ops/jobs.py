@@ -23,6 +23,7 @@ from trainlift.ops import localray
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 
 PROGRESS_PREFIX = "trainlift-progress "
+PROGRESS_ENV = "TRAINLIFT_PROGRESS"  # set to json in a submitted job: `submit --follow` reads those lines
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 ACTIVE = {"PENDING", "RUNNING"}
 PORT_FORWARD_HINT = ("for a cluster on EKS: kubectl port-forward svc/<cluster>-head-svc 8265:8265 and use "
@@ -83,8 +84,10 @@ def entrypoint(spec_path: str, overrides: list[str]) -> str:
 
 
 def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
-    """The project directory as working_dir and this trainlift package as a py_module, both uploaded by Ray."""
-    return job_runtime_env(str(working_dir), [str(Path(trainlift.__file__).parent)], excludes, pip, env_vars)
+    """The project directory as working_dir and this trainlift package as a py_module, both uploaded by Ray;
+    the job's `trainlift train` prints machine-readable progress lines for `submit --follow`."""
+    return job_runtime_env(str(working_dir), [str(Path(trainlift.__file__).parent)], excludes, pip,
+                           {PROGRESS_ENV: "json", **env_vars})
 
 
 def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> tuple[str, bool]:

@@ -22,7 +22,7 @@ from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
-from trainlift.train import datacache, datasource, failures
+from trainlift.train import datacache, datasource, failures, trackers
 from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
@@ -104,6 +104,7 @@ def preflight(spec: JobSpec) -> None:
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
+    trackers.check(spec)
     check_run_dir(spec)
 
 
@@ -307,7 +308,7 @@ def run_training(
                 failure_config=FailureConfig(max_failures=spec.run.max_failures,
                                              controller_failure_limit=failures.START_RETRIES),
                 checkpoint_config=CheckpointConfig(num_to_keep=None),
-                worker_runtime_env={"env_vars": nccl_env},
+                worker_runtime_env={"env_vars": {**nccl_env, **trackers.worker_env()}},
             ),
         )
         try:

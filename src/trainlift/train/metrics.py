@@ -38,7 +38,7 @@ class JsonlSink:
         if not self.local:
             pafs.copy_files(self.file_path, self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
         self.flush()
         self._fh.close()
 
@@ -52,7 +52,7 @@ class NullSink:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
         pass
 
 

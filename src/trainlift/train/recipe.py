@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, datacache, export, metrics, preflight, weights
+from trainlift.train import checkpoint, data, datacache, export, metrics, preflight, trackers, weights
 from trainlift.train.loss import token_loss_sum
 from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
 
@@ -190,7 +190,7 @@ def train_loop_per_worker(config: dict) -> None:
     if config.get("nccl_log_prefix") and ctx.get_local_world_size() < world:  # NCCL over the network
         preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)
 
-    sink = metrics.JsonlSink(fs, f"{run_path}/metrics.jsonl") if rank == 0 else metrics.NullSink()
+    sink = trackers.open_sink(spec, fs, run_path, step) if rank == 0 else metrics.NullSink()
     peak = metrics.device_peak_flops(device)
     eval_batches = data.eval_batches(eval_data, rank, world, spec.train.micro_batch_size) if eval_data else []
     dummy = data.collate([{"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8))}])
@@ -202,9 +202,12 @@ def train_loop_per_worker(config: dict) -> None:
         sink.write({"step": at_step, "eval_loss": loss, "time": time.time()})
         return loss
 
+    start_row = {"event": "start", "step": step, "total_steps": spec.train.steps, "resumed_from": resumed_from,
+                 "world": world, "time": time.time()}
+    sink.write(start_row)  # marks the (re)start for `trainlift report`
     initial_eval = run_eval(step) if step == 0 else None
     if rank == 0 and board is not None:
-        board.update.remote({"event": "start", "step": step, "resumed_from": resumed_from, "world": world})
+        board.update.remote(start_row)
     rows_per_step = world * spec.train.micro_batch_size * micro_batches_per_step(spec, world)
     timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
     first_step = step
@@ -249,7 +252,6 @@ def train_loop_per_worker(config: dict) -> None:
         export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer,
                          torch.bfloat16 if bf16 else torch.float32, source_dir=spec.model.path)
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
-    sink.close()
     summary = {
         "finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
         "eval_loss": eval_loss, "tokens_per_s": tokens_per_s,
@@ -258,5 +260,6 @@ def train_loop_per_worker(config: dict) -> None:
         "world_size": world, "resumed_from": resumed_from, "flops_per_token": fpt,
         "device": device.type, "truncated_examples": train_data.truncated,
     }
+    sink.close(summary)
     if rank == 0 and board is not None:
         ray.get(board.finish.remote(summary))

@@ -1,0 +1,76 @@
+"""`trainlift train`'s progress when its output is not a terminal (a log file, a Ray job's log).
+
+Two forms: a human line every few seconds (step/total, loss, tokens/s, ETA), or, when the reader asks for
+it (`--progress json`, or TRAINLIFT_PROGRESS=json, which `submit` sets in the job's environment so that
+`submit --follow` can draw its bar), one `trainlift-progress {json}` line per progress post.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable, TextIO
+
+from trainlift.ops.jobs import PROGRESS_PREFIX
+
+PROGRESS_KEYS = ("step", "total_steps", "loss", "tokens_per_s", "step_time_s")
+MODES = ("auto", "json", "lines")
+
+
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def human_line(row: dict, eta_s: float | None) -> str:
+    total = row.get("total_steps")
+    parts = [f"step {row['step']}/{total}" if total else f"step {row['step']}", f"loss {row['loss']:.4f}",
+             f"{row['tokens_per_s']:.0f} tok/s"]
+    if eta_s is not None:
+        parts.append(f"ETA {duration(eta_s)}")
+    return "  ".join(parts)
+
+
+class ProgressLines:
+    """Called with each row the driver reads off the progress board; prints lines to `out`."""
+
+    def __init__(self, mode: str, every_s: float, out: TextIO = sys.stderr,
+                 clock: Callable[[], float] = time.monotonic):
+        self.mode, self.every_s, self.out, self.clock = mode, every_s, out, clock
+        self.last_step: int | None = None
+        self.last_start: tuple | None = None
+        self.next_line_at = 0.0
+        self.first_seen: tuple[float, int] | None = None  # (time, step) of the first step seen: the ETA's base
+
+    def __call__(self, row: dict) -> None:
+        event = row.get("event")
+        if event == "start" and self.mode != "json" and (row["step"], row.get("time")) != self.last_start:
+            self.last_start = (row["step"], row.get("time"))  # the board repeats its latest row until the next
+            note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
+            self._print(f"{note} on {row['world']} workers")
+        if event != "step" or row["step"] == self.last_step:
+            return
+        self.last_step = row["step"]
+        if self.mode == "json":
+            self._print(PROGRESS_PREFIX + json.dumps({k: row.get(k) for k in PROGRESS_KEYS}))
+            return
+        now = self.clock()
+        if self.first_seen is None:
+            self.first_seen = (now, row["step"])
+        if now < self.next_line_at and row["step"] != row.get("total_steps"):
+            return
+        self.next_line_at = now + self.every_s
+        self._print(human_line(row, self.eta(now, row)))
+
+    def eta(self, now: float, row: dict) -> float | None:
+        base_time, base_step = self.first_seen
+        total = row.get("total_steps")
+        if not total or row["step"] <= base_step:
+            return None
+        return (total - row["step"]) * (now - base_time) / (row["step"] - base_step)
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.out, flush=True)

@@ -1,0 +1,151 @@
+"""Read what a run left in its directory (local or s3://): metrics rows, the summary, its state.
+
+Used by `trainlift report` and `trainlift runs`; imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from trainlift.errors import UsageError
+
+RUNNING_WINDOW_S = 300.0  # metrics.jsonl written this recently, and no newer summary: the run is still going
+_CHECKPOINT = re.compile(r"^checkpoint_(\d{8})$")
+
+
+def open_uri(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(uri if "://" in uri else _absolute(uri))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot open {uri} ({str(exc).splitlines()[0]})",
+                         hint="give a local directory or s3://bucket/prefix; for S3 check AWS credentials, "
+                              "AWS_REGION and AWS_ENDPOINT_URL") from None
+
+
+def _absolute(path: str) -> str:
+    from pathlib import Path
+
+    return str(Path(path).expanduser().resolve())
+
+
+def _read(fs: pafs.FileSystem, path: str) -> str | None:
+    try:
+        with fs.open_input_stream(path) as src:
+            return src.read().decode()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError as exc:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        raise UsageError(f"cannot read {path} ({str(exc).splitlines()[0]})") from None
+
+
+def parse_rows(text: str) -> list[dict[str, Any]]:
+    """metrics.jsonl lines as dicts; a torn last line (a run killed mid-write) is skipped."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+@dataclass
+class Run:
+    """One run directory, read."""
+
+    name: str
+    uri: str
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    checkpoint_step: int | None
+    metrics_mtime: float | None
+    summary_mtime: float | None
+
+
+def read_run(uri: str) -> Run:
+    fs, path = open_uri(uri)
+    path = path.rstrip("/")
+    text = _read(fs, f"{path}/metrics.jsonl")
+    if text is None:
+        raise UsageError(f"{uri}: no metrics.jsonl here, so this is not a trainlift run directory",
+                         hint="give <run.storage>/<run.name>, e.g. runs/tiny-demo; `trainlift runs STORAGE` lists them")
+    summary_text = _read(fs, f"{path}/summary.json")
+    infos = {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(path))}
+    return Run(name=path.rsplit("/", 1)[-1], uri=uri, rows=parse_rows(text),
+               summary=json.loads(summary_text) if summary_text else None,
+               checkpoint_step=_latest_complete_checkpoint(fs, path, infos),
+               metrics_mtime=_mtime(infos.get("metrics.jsonl")), summary_mtime=_mtime(infos.get("summary.json")))
+
+
+def _mtime(info: pafs.FileInfo | None) -> float | None:
+    return info.mtime.timestamp() if info is not None and info.mtime is not None else None
+
+
+def _latest_complete_checkpoint(fs: pafs.FileSystem, path: str, infos: dict[str, pafs.FileInfo]) -> int | None:
+    steps = sorted((int(m.group(1)) for name, info in infos.items()
+                    if info.type == pafs.FileType.Directory and (m := _CHECKPOINT.match(name))), reverse=True)
+    for step in steps:  # the same rule resuming uses: a checkpoint counts once COMPLETE is there
+        if fs.get_file_info(f"{path}/checkpoint_{step:08d}/COMPLETE").type == pafs.FileType.File:
+            return step
+    return None
+
+
+def train_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if "loss" in r]
+
+
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if "eval_loss" in r]
+
+
+def total_steps(rows: list[dict[str, Any]]) -> int | None:
+    starts = [r["total_steps"] for r in rows if r.get("event") == "start" and r.get("total_steps")]
+    return starts[-1] if starts else None
+
+
+def state(run: Run, now: float) -> str:
+    """finished, running, checkpointed at step N, or no checkpoint."""
+    summary_newer = run.summary_mtime is not None and (run.metrics_mtime is None or run.summary_mtime >= run.metrics_mtime - 1)
+    if run.summary and run.summary.get("finished") and summary_newer:
+        return "finished"
+    if not summary_newer and run.metrics_mtime is not None and now - run.metrics_mtime < RUNNING_WINDOW_S:
+        return "running"
+    return f"checkpointed at step {run.checkpoint_step}" if run.checkpoint_step is not None else "no checkpoint"
+
+
+def listing_row(run: Run, now: float) -> dict[str, Any]:
+    """What `trainlift runs` shows for one run."""
+    train, evals = train_rows(run.rows), eval_rows(run.rows)
+    last_write = max(t for t in (run.metrics_mtime, run.summary_mtime, 0.0) if t is not None)
+    return {"name": run.name, "run": run.uri, "steps": train[-1]["step"] if train else 0,
+            "total_steps": total_steps(run.rows), "loss": train[-1]["loss"] if train else None,
+            "eval_loss": evals[-1]["eval_loss"] if evals else None, "state": state(run, now),
+            "age_s": round(now - last_write, 1) if last_write else None}
+
+
+def list_runs(storage: str) -> list[dict[str, Any]]:
+    """Every run directory (one holding metrics.jsonl) directly under `storage`, newest first."""
+    fs, root = open_uri(storage)
+    root = root.rstrip("/")
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise UsageError(f"{storage}: no such directory", hint="give the run.storage of your job spec, e.g. runs")
+    now, found = time.time(), []
+    for child in fs.get_file_info(pafs.FileSelector(root)):
+        if child.type != pafs.FileType.Directory:
+            continue
+        if fs.get_file_info(f"{child.path}/metrics.jsonl").type != pafs.FileType.File:
+            continue
+        uri = f"{storage.rstrip('/')}/{child.base_name}"
+        found.append(listing_row(read_run(uri), now))
+    return sorted(found, key=lambda r: (r["age_s"] is None, r["age_s"]))
