@@ -267,7 +267,8 @@ def test_rayjob_rules():
 
 def test_rayjob_starts_the_job_as_submit_does(tmp_path):
     """The DLC image has no `trainlift` command: the RayJob must run the module that py_modules ships, with the
-    entrypoint and runtime_env `trainlift submit` sends through the Jobs API (only the URIs differ)."""
+    entrypoint and runtime_env `trainlift submit` sends through the Jobs API (only the URIs differ, and submit
+    alone asks for machine-readable progress lines, which its --follow reads)."""
     from trainlift.ops import jobs
 
     overrides = ("run.storage=s3://b/x",)
@@ -276,7 +277,8 @@ def test_rayjob_starts_the_job_as_submit_does(tmp_path):
     rendered = yaml.safe_load(body["spec"]["runtimeEnvYAML"])
     assert body["spec"]["entrypoint"] == jobs.entrypoint("jobs/sft.yaml", list(overrides))
     assert set(rendered) == set(submitted) - {"excludes"}
-    assert rendered["env_vars"] == submitted["env_vars"]
+    assert rendered["env_vars"] == {k: v for k, v in submitted["env_vars"].items() if k != jobs.PROGRESS_ENV}
+    assert submitted["env_vars"][jobs.PROGRESS_ENV] == "json"
     assert len(rendered["py_modules"]) == len(submitted["py_modules"]) == 1
 
 
