@@ -167,9 +167,11 @@ def _progress_board():
     # On the driver's node, like Ray Train's controller: losing another node must not take the board with it.
     @ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False))
     class ProgressBoard:
-        """Rank 0 posts each step here without waiting; the driver polls it for the progress bar."""
+        """Rank 0 posts each step here without waiting; the driver polls it for the progress bar. The latest
+        start row is kept apart from the latest row, so a short run's (re)start is not lost between polls."""
 
         def __init__(self):
+            self.start: dict[str, Any] = {}
             self.latest: dict[str, Any] = {}
             self.summary: dict[str, Any] = {}
             self.stop_reason: str | None = None
@@ -181,13 +183,19 @@ def _progress_board():
             return self.stop_reason
 
         def update(self, row: dict[str, Any]) -> None:
+            if row.get("event") == "start":
+                self.start = row
             self.latest = row
 
         def finish(self, summary: dict[str, Any]) -> None:
             self.summary = summary
 
-        def get(self) -> dict[str, Any]:
-            return self.latest
+        def get(self) -> list[dict[str, Any]]:
+            """The latest start row, then the latest row if a step followed it."""
+            rows = [self.start] if self.start else []
+            if self.latest and self.latest is not self.start:
+                rows.append(self.latest)
+            return rows
 
         def get_summary(self) -> dict[str, Any]:
             return self.summary
@@ -200,7 +208,8 @@ def _poll(board, on_update: Callable[[dict], None], stop: threading.Event) -> No
 
     while not stop.wait(0.5):
         try:
-            on_update(ray.get(board.get.remote(), timeout=5))
+            for row in ray.get(board.get.remote(), timeout=5):
+                on_update(row)
         except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
             pass
 
@@ -319,7 +328,8 @@ def run_training(
         stop.set()
         poller.join(timeout=2)
         if on_update is not None:
-            on_update(ray.get(board.get.remote()))
+            for row in ray.get(board.get.remote()):
+                on_update(row)
         summary = ray.get(board.get_summary.remote())
         summary["stopped_by"] = ray.get(board.stop_requested.remote())
         summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at, data_cache=data_cache)
