@@ -23,6 +23,10 @@ def _fmt(value, spec: str = ".4g") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,d}"
+
+
 @app.command()
 def train(
     spec_file: Path = typer.Argument(..., help="Job spec (YAML), e.g. examples/tiny-local.yaml."),
@@ -86,7 +90,11 @@ def train(
                 progress.update(task, completed=row["step"], info=info)
             elif row.get("event") == "start":
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
+                if row.get("total_params"):
+                    note += f", {_params(row['trainable_params'])} of {_params(row['total_params'])} params trainable"
                 progress.update(task, completed=row["step"], info=note)
+                if not json_out:
+                    progress.console.print(f"{spec.run.name}: {note}")
 
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
@@ -98,7 +106,8 @@ def train(
     else:
         table = Table(title=f"run {summary['name']}", show_header=False)
         for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
-                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f")):
+                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f"),
+                         ("trainable_params", ",d"), ("total_params", ",d")):
             table.add_row(key, _fmt(summary.get(key), fmt))
         table.add_row("run", summary["run"])
         console.print(table)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, datacache, export, metrics, preflight, trackers, weights
+from trainlift.train import checkpoint, data, datacache, export, lora, metrics, preflight, trackers, weights
 from trainlift.train.loss import token_loss_sum
 from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
 
@@ -179,9 +179,16 @@ def train_loop_per_worker(config: dict) -> None:
 
     model = weights.empty_model(sharded_config(spec.model))
     model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)
+    if spec.model.lora is not None:  # adapters go in before sharding; the base weights are frozen
+        model = lora.apply(model, spec.model.lora)
+        fpt = lora.flops_per_token(fpt, model)
+    param_counts = lora.parameter_counts(model)
     model = apply_fsdp(model, device, bf16, spec.model.activation_checkpointing)
-    fill_weights(model, spec.model, spec.train.seed, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay,
+    fill_weights(model, spec.model, spec.train.seed, device, lora.checkpoint_key if spec.model.lora else None)
+    if spec.model.lora is not None:
+        lora.init_adapters(model, spec.train.seed)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=spec.train.lr, weight_decay=spec.train.weight_decay,
                                   betas=(0.9, 0.95), fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(spec.train.warmup_steps, spec.train.steps, spec.train.min_lr_ratio))
@@ -203,7 +210,7 @@ def train_loop_per_worker(config: dict) -> None:
         return loss
 
     start_row = {"event": "start", "step": step, "total_steps": spec.train.steps, "resumed_from": resumed_from,
-                 "world": world, "time": time.time()}
+                 "world": world, "time": time.time(), **param_counts}
     sink.write(start_row)  # marks the (re)start for `trainlift report`
     initial_eval = run_eval(step) if step == 0 else None
     if rank == 0 and board is not None:
@@ -249,8 +256,12 @@ def train_loop_per_worker(config: dict) -> None:
     if finished and eval_batches:
         eval_loss = run_eval(step)
     if finished:
-        export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer,
-                         torch.bfloat16 if bf16 else torch.float32, source_dir=spec.model.path)
+        export_dtype = torch.bfloat16 if bf16 else torch.float32
+        if spec.model.lora is not None:
+            lora.save_adapter(fs, f"{run_path}/adapter", model, tokenizer)
+        if spec.model.lora is None or spec.export.merge:
+            export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer, export_dtype,
+                             source_dir=spec.model.path, weights=lora.merged_weights(model) if spec.model.lora else None)
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     summary = {
         "finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
@@ -258,7 +269,7 @@ def train_loop_per_worker(config: dict) -> None:
         "step_time_s": timed_seconds / max(1, step - first_step - 1) if timed_seconds else None,
         "mfu": metrics.mfu(tokens_per_s / world, fpt, peak) if tokens_per_s else None,
         "world_size": world, "resumed_from": resumed_from, "flops_per_token": fpt,
-        "device": device.type, "truncated_examples": train_data.truncated,
+        "device": device.type, "truncated_examples": train_data.truncated, **param_counts,
     }
     sink.close(summary)
     if rank == 0 and board is not None:
