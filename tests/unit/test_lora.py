@@ -106,3 +106,10 @@ def test_merged_state_dict_equals_peft_merge_and_unload():
         torch.testing.assert_close(merged[key], tensor, rtol=1e-6, atol=1e-6, msg=key)
     assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
                            state["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+def test_frozen_base_can_be_stored_in_bf16_while_adapters_stay_fp32():
+    model = lora.apply(qwen2(), spec(lora={"r": 4}).model.lora)
+    lora.store_frozen_as(model, torch.bfloat16)
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}

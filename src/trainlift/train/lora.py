@@ -44,6 +44,15 @@ def apply(model: torch.nn.Module, section: LoraSection, seed: int = 0) -> torch.
         return _peft().get_peft_model(model, lora_config(section))
 
 
+def store_frozen_as(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Keep the frozen base weights in `dtype` (bf16 compute casts them to it at every all-gather anyway): half
+    of fp32's memory for weights that never change. FSDP2 needs one dtype among trainable parameters only, so the
+    adapters stay fp32 for the optimizer."""
+    for param in model.parameters():
+        if not param.requires_grad:
+            param.data = param.data.to(dtype)
+
+
 def _linear_types() -> tuple[type, ...]:
     from transformers.pytorch_utils import Conv1D
 

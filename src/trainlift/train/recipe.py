@@ -182,6 +182,8 @@ def train_loop_per_worker(config: dict) -> None:
     if spec.model.lora is not None:  # adapters go in before sharding; the base weights are frozen
         model = lora.apply(model, spec.model.lora)
         fpt = lora.flops_per_token(fpt, model)
+        if bf16:
+            lora.store_frozen_as(model, torch.bfloat16)
     param_counts = lora.parameter_counts(model)
     model = apply_fsdp(model, device, bf16, spec.model.activation_checkpointing)
     fill_weights(model, spec.model, spec.train.seed, device, lora.checkpoint_key if spec.model.lora else None)
