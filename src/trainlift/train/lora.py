@@ -12,6 +12,8 @@ merged in, one tensor at a time (`merged_weight`), loadable without peft.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from trainlift.config.job import LoraSection
@@ -93,7 +95,7 @@ def validate(config, section: LoraSection) -> None:
     try:
         apply(model, section)
     except (ValueError, TypeError, NotImplementedError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = re.sub(r"^\[[^]]*\]\s*", "", str(exc).strip().split("\n")[0]).split(". ")[0] or type(exc).__name__
         raise SpecError(f"model.lora: peft cannot add LoRA adapters to {type(model).__name__} ({reason})",
                         hint="remove model.lora to fine-tune every weight, or name other target_modules") from None
 
