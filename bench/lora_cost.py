@@ -25,7 +25,7 @@ WIDE = ["--set", "model.config.hidden_size=512", "--set", "model.config.intermed
 
 
 def checkpoint_bytes(run_dir: Path) -> int:
-    latest = sorted(run_dir.glob("checkpoint_*"))[-1]
+    latest = sorted(run_dir.glob("checkpoint_0*"))[-1]
     return sum(f.stat().st_size for f in latest.rglob("*") if f.is_file())
 
 
