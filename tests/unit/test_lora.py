@@ -1,5 +1,7 @@
 """LoRA: the spec section, target validation on a weightless model, and the per-tensor merge (peft as reference)."""
 
+import math
+
 import pytest
 import torch
 
@@ -90,8 +92,9 @@ def test_parameter_counts_split_adapters_from_the_frozen_base():
     assert lora.flops_per_token(1e6, model) < 1e6
 
 
-def test_merged_state_dict_equals_peft_merge_and_unload():
-    """The per-tensor merge gives peft's own merged model, under the base model's names (tol 1e-6, fp32)."""
+def test_merged_weights_equal_peft_merge_and_unload():
+    """The per-tensor merge that final/ is written from gives peft's own merged model, under the base model's
+    names, the tied LM head once (tol 1e-6, fp32)."""
     section = spec(lora={"r": 4, "alpha": 12}).model.lora
     model = lora.apply(qwen2(), section)
     with torch.no_grad():  # non-zero B, as after training (peft starts B at zero)
@@ -99,13 +102,47 @@ def test_merged_state_dict_equals_peft_merge_and_unload():
             if "lora_B" in name:
                 p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    merged = lora.merged_state_dict(state, *lora.scaling_of(model))
+    sources = lora.merged_weights(model)
+    merged = {name: source.full() for name, source in sources.items()}
+    assert all(tuple(merged[name].shape) == source.shape for name, source in sources.items())
     reference = model.merge_and_unload().state_dict()
-    assert merged.keys() == reference.keys()
-    for key, tensor in reference.items():
-        torch.testing.assert_close(merged[key], tensor, rtol=1e-6, atol=1e-6, msg=key)
+    assert merged.keys() == reference.keys() - {"lm_head.weight"}
+    for key, tensor in merged.items():
+        torch.testing.assert_close(tensor, reference[key], rtol=1e-6, atol=1e-6, msg=key)
     assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
                            state["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+def test_checkpoint_key_names_base_weights_as_the_hf_files_do_and_skips_adapters():
+    model = lora.apply(qwen2("meta"), spec(lora={"r": 4, "target_modules": ["q_proj"]}).model.lora)
+    hf_names = set(qwen2("meta").state_dict())
+    mapped = {name: lora.checkpoint_key(name) for name in model.state_dict()}
+    assert {key for key in mapped.values() if key is not None} == hf_names
+    assert sorted(name for name, key in mapped.items() if key is None) == [
+        f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{ab}.default.weight" for i in (0, 1) for ab in "AB"]
+
+
+def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed():
+    """peft on the meta device, then storage and `init_adapters`: A Kaiming-uniform within peft's bound
+    (1/sqrt(fan_in) for a=sqrt(5)), B zero; the same seed gives the same A, and the global RNG is untouched."""
+    section = spec(lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}).model.lora
+
+    def initialised(seed):
+        model = lora.apply(qwen2("meta"), section).to_empty(device="cpu")
+        lora.init_adapters(model, seed)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    rng = torch.get_rng_state()
+    first, again, other = initialised(0), initialised(0), initialised(1)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert len(first) == 8 and first.keys() == again.keys()
+    for name, tensor in first.items():
+        assert torch.equal(tensor, again[name]), name
+        if "lora_B" in name:
+            assert not tensor.any(), name
+        else:
+            assert 0 < tensor.abs().max() <= 1 / math.sqrt(32), name
+            assert not torch.equal(tensor, other[name]), name
 
 
 def test_frozen_base_can_be_stored_in_bf16_while_adapters_stay_fp32():

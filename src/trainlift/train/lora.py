@@ -1,23 +1,33 @@
-"""LoRA adapters (peft) on FSDP2: apply before `fully_shard`, count, validate, export, merge.
+"""LoRA adapters (peft) on FSDP2: apply before `fully_shard`, count, validate, initialise, export, merge.
 
-peft freezes every base weight and adds `lora_A`/`lora_B` next to each targeted
-linear layer. FSDP2 shards frozen and trainable parameters in the same layer
-group and reduce-scatters gradients only for the trainable ones; the optimizer
-and checkpoints see only the adapters (checkpoint.py drops frozen parameters).
+peft adds `lora_A`/`lora_B` next to each targeted linear layer of the weightless
+(meta) model and freezes every base weight. FSDP2 shards frozen and trainable
+parameters in the same layer group and reduce-scatters gradients only for the
+trainable ones; the optimizer and checkpoints see only the adapters
+(checkpoint.py drops frozen parameters). Once sharded, the base weights are read
+from the HF files under their own names (`checkpoint_key`) and the adapters are
+drawn here (`init_adapters`).
 
 Exports: `adapter/` in peft's own format (`PeftModel.from_pretrained(base, dir)`)
 and, unless `export.merge` is false, `final/`: the base model with every adapter
-merged in, one tensor at a time (`merged_weight`), loadable without peft.
+merged in, streamed one tensor at a time (`merged_weights`), loadable without peft.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import tempfile
+from functools import partial
 
+import pyarrow.fs as pafs
 import torch
+import torch.distributed as dist
 
 from trainlift.config.job import LoraSection
 from trainlift.errors import SpecError, UsageError
+from trainlift.train.export import WeightSource, full_tensor
+from trainlift.train.weights import copy_shard, tied_aliases
 
 ADAPTER = "default"  # peft's name for the one adapter a run trains
 PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's own parameter names
@@ -38,12 +48,32 @@ def lora_config(section: LoraSection):
         target_modules=section.target_modules, bias="none", task_type="CAUSAL_LM")
 
 
-def apply(model: torch.nn.Module, section: LoraSection, seed: int = 0) -> torch.nn.Module:
-    """Wrap `model` with fresh adapters, initialised from `seed` alike on every rank; the base weights are frozen.
-    The global RNG is left as it was (dropout draws from it)."""
+def apply(model: torch.nn.Module, section: LoraSection) -> torch.nn.Module:
+    """Wrap `model` (on the meta device, or real) with adapters and freeze the base weights. The adapters' values
+    are set by `init_adapters` once the model has storage; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return _peft().get_peft_model(model, lora_config(section))
+
+
+def checkpoint_key(name: str) -> str | None:
+    """The HF checkpoint's name for a parameter of the adapted model; None for an adapter, which no HF file holds."""
+    return None if ".lora_" in name else base_name(name)
+
+
+@torch.no_grad()
+def init_adapters(model: torch.nn.Module, seed: int) -> None:
+    """peft's initial adapters: `lora_A` Kaiming-uniform (a=sqrt(5)), `lora_B` zero, so training starts from the
+    base model itself. Each A is drawn whole, in a fixed order, on every rank from `seed`, and each rank keeps its
+    shard: the same adapters at any world size. The global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _peft().get_peft_model(model, lora_config(section))
+        for name, param in model.named_parameters():
+            if f".lora_A.{ADAPTER}." in name:
+                full = torch.empty(param.shape, dtype=param.dtype)
+                torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5))
+                copy_shard(param, full)
+            elif f".lora_B.{ADAPTER}." in name:
+                param.zero_()
 
 
 def store_frozen_as(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -117,11 +147,23 @@ def flops_per_token(full_fine_tuning: float, model: torch.nn.Module) -> float:
     return full_fine_tuning - 2 * frozen_matmul + 6 * counts["trainable_params"]
 
 
-def save_adapter(out_dir: str, model, state_dict: dict[str, torch.Tensor], tokenizer) -> None:
-    """peft's adapter format (adapter_config.json + adapter_model.safetensors) from the gathered full state dict,
-    plus the tokenizer."""
-    model.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' whole tensors on the CPU, under peft's parameter names: one all-gather per adapter tensor
+    (every rank calls it), and nothing of the base model."""
+    return {name: full_tensor(t) for name, t in model.state_dict().items() if ".lora_" in name}
+
+
+def save_adapter(fs: pafs.FileSystem, out_dir: str, model, tokenizer) -> None:
+    """`out_dir` in peft's adapter format (adapter_config.json + adapter_model.safetensors, as
+    `PeftModel.save_pretrained` writes them) plus the tokenizer, written by rank 0. A collective."""
+    state = adapter_state(model)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    with tempfile.TemporaryDirectory(prefix="trainlift-adapter-") as tmp:
+        model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        fs.create_dir(out_dir)
+        pafs.copy_files(tmp, out_dir, destination_filesystem=fs)
 
 
 def scaling_of(model) -> tuple[float, bool]:
@@ -152,15 +194,24 @@ def merged_weight(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     return (base.float() + (delta.T if fan_in_fan_out else delta)).to(base.dtype)
 
 
-def merged_state_dict(state_dict: dict[str, torch.Tensor], scaling: float,
-                      fan_in_fan_out: bool = False) -> dict[str, torch.Tensor]:
-    """The base model's state dict with each adapter merged into its weight, under the base model's own names."""
-    merged = {}
-    for key, tensor in state_dict.items():
-        if ".lora_" in key:
+def merged_weights(model: torch.nn.Module) -> dict[str, WeightSource]:
+    """The export sources of the merged model: under the base model's names, each adapted weight as W + alpha/r *
+    B @ A (W, A and B gathered one at a time), every other weight as it is; no adapter tensor is written."""
+    scaling, fan_in_fan_out = scaling_of(model)
+    aliases = tied_aliases(model)
+    state = model.state_dict()
+    sources = {}
+    for key, tensor in state.items():
+        if key in aliases or ".lora_" in key:
             continue
         pair = adapter_keys(key)
-        if pair is not None and pair[0] in state_dict:
-            tensor = merged_weight(tensor, state_dict[pair[0]], state_dict[pair[1]], scaling, fan_in_fan_out)
-        merged[base_name(key)] = tensor
-    return merged
+        if pair is not None and pair[0] in state:
+            full = partial(_merged_full, tensor, state[pair[0]], state[pair[1]], scaling, fan_in_fan_out)
+        else:
+            full = partial(full_tensor, tensor)
+        sources[base_name(key)] = WeightSource(tuple(tensor.shape), tensor.dtype, full)
+    return sources
+
+
+def _merged_full(base, lora_a, lora_b, scaling: float, fan_in_fan_out: bool) -> torch.Tensor:
+    return merged_weight(full_tensor(base), full_tensor(lora_a), full_tensor(lora_b), scaling, fan_in_fan_out)
