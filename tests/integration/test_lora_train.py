@@ -1,21 +1,24 @@
-"""LoRA on FSDP2 through the real recipe on a local Ray cluster (CPU, gloo), with the tiny Qwen2 model.
+"""LoRA on FSDP2 through the real recipe on the session's local Ray cluster (CPU, gloo), with the tiny Qwen2 model
+loaded the sharded way (meta device, peft, fully_shard, then the HF files read under peft's renamed keys).
 
-One 6-step, 2-worker LoRA run (checkpoints at 3 and 6) serves most tests."""
+One 6-step, 2-worker LoRA run (checkpoints at 3 and 6) serves the first two tests; the third resumes a copy of its
+step-3 checkpoint on 1 worker; the last is one 2-worker step compared with plain peft in this process."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainlift.train import checkpoint
 from trainlift.train.launch import run_training
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 LORA = ("model.lora.r=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,up_proj]",
         "train.lr=1e-2")
+ADAPTED_LAYERS = 2 * 5  # 5 target modules in each of 2 layers
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -23,66 +26,65 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def lora_spec(tiny_spec, *overrides):
-    return tiny_spec(*LORA, *overrides)
-
-
-@pytest.fixture(scope="module")
-def lora_run(tiny_assets, tmp_path_factory):
+def job_spec(tiny_assets, storage: Path, name: str, *overrides: str):
     from trainlift.config.job import apply_overrides, validate_job_spec
 
-    storage = tmp_path_factory.mktemp("lora")
     raw = {
         "model": {"path": str(tiny_assets / "model")},
         "data": {"train": str(tiny_assets / "train.jsonl"), "eval": str(tiny_assets / "eval.jsonl"), "seq_len": 64},
         "train": {"steps": 6, "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "seed": 0},
+        "scaling": {"workers": 2},
         "checkpoint": {"every_steps": 3, "keep": 2},
-        "run": {"name": "lora", "storage": str(storage), "max_failures": 0},
+        "run": {"name": name, "storage": str(storage), "max_failures": 0},
     }
-    spec = validate_job_spec(apply_overrides(raw, LORA))
-    return run_training(spec), storage / "lora"
+    return validate_job_spec(apply_overrides(raw, (*LORA, *overrides)))
 
 
-def test_lora_run_counts_parameters_and_checkpoints_only_adapters(lora_run, tiny_assets):
-    """Counts in summary.json; a checkpoint holds the adapters and their optimizer state, no base weight."""
+@pytest.fixture(scope="module")
+def lora_run(tiny_assets, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("lora")
+    return run_training(job_spec(tiny_assets, storage, "lora")), storage / "lora"
+
+
+def test_lora_run_checkpoints_only_adapters_and_leaves_base_weights_bit_identical(lora_run, tiny_assets):
+    """Real: recipe, sharded load, DCP checkpoint, streamed merged export. Counts in summary.json; a checkpoint holds
+    the adapters and their optimizer state, no base weight; final/ = the starting weights bit for bit, except where
+    an adapter merges in: W + alpha/r * B @ A; no adapter key in final/."""
     import torch.distributed.checkpoint as dcp
 
     summary, run_dir = lora_run
     assert summary["finished"] and summary["steps"] == 6
+    assert summary["eval_loss"] < summary["initial_eval_loss"]
+    base = load_file(tiny_assets / "model" / "model.safetensors")
     adapter = load_file(run_dir / "adapter" / "adapter_model.safetensors")
-    base_total = sum(t.numel() for t in load_file(tiny_assets / "model" / "model.safetensors").values())
     assert summary["trainable_params"] == sum(t.numel() for t in adapter.values()) > 0
-    assert summary["total_params"] == base_total + summary["trainable_params"]
+    assert summary["total_params"] == sum(t.numel() for t in base.values()) + summary["trainable_params"]
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert (on_disk["trainable_params"], on_disk["total_params"]) == (summary["trainable_params"], summary["total_params"])
+
     keys = dcp.FileSystemReader(str(run_dir / "checkpoint_00000003")).read_metadata().state_dict_metadata.keys()
     model_keys = [k for k in keys if k.startswith("model.")]
     assert len(model_keys) == len(adapter) and all(".lora_" in k for k in model_keys)
     assert all(".lora_" in k for k in keys if k.startswith("optim.state."))
-    assert summary["eval_loss"] < summary["initial_eval_loss"]
 
-
-def test_base_weights_are_bit_identical_and_only_adapters_changed(lora_run, tiny_assets):
-    """final/ = the starting weights, bit for bit, except where an adapter merges in: W + alpha/r * B @ A."""
-    _, run_dir = lora_run
-    base = load_file(tiny_assets / "model" / "model.safetensors")
     final = load_file(run_dir / "final" / "model.safetensors")
-    adapter = load_file(run_dir / "adapter" / "adapter_model.safetensors")
     assert final.keys() == base.keys()
     adapted = 0
     for name, weight in base.items():
         layer = "base_model.model." + name.removesuffix(".weight")
         if f"{layer}.lora_A.weight" in adapter:
             lora_a, lora_b = adapter[f"{layer}.lora_A.weight"], adapter[f"{layer}.lora_B.weight"]
-            assert lora_b.abs().sum() > 0, name  # peft starts B at zero: training moved it
+            assert lora_b.abs().sum() > 0, name  # B starts at zero: training moved it
             assert torch.equal(final[name], weight + (lora_b @ lora_a) * (8 / 4)), name
             adapted += 1
         else:
             assert torch.equal(final[name], weight), name
-    assert adapted == 2 * 5  # 5 target modules in each of 2 layers
+    assert adapted == ADAPTED_LAYERS
 
 
 def test_adapter_loads_with_peft_and_matches_the_merged_export(lora_run, tiny_assets):
+    """Real: peft's PeftModel.from_pretrained on the run's adapter/ and transformers on final/; logits within
+    1e-5 (fp32)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -92,76 +94,93 @@ def test_adapter_loads_with_peft_and_matches_the_merged_export(lora_run, tiny_as
     with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_assets / "model"),
                                              run_dir / "adapter").eval()
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_assets / "model").eval()
     batch = torch.randint(0, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(with_adapter(input_ids=batch).logits, merged(batch).logits, rtol=1e-5, atol=1e-5)
+        adapted_logits = with_adapter(input_ids=batch).logits
+        torch.testing.assert_close(adapted_logits, merged(batch).logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(adapted_logits, plain(batch).logits, atol=1e-3)
 
 
-def test_stop_then_resume_on_one_worker_reproduces_the_uninterrupted_losses(lora_run, tiny_spec):
-    """Stopped after step 4 on 2 workers, resumed on 1 with grad_accum 2 (the same global batch): steps 1-4 equal
-    the uninterrupted run's (rel 1e-6), steps 5-6 track it (rel 1e-4: another reduction order).
-    export.merge=false: the adapter is written, the merged final/ is not."""
+def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the_losses(lora_run, tiny_assets,
+                                                                                          tmp_path):
+    """Real: DCP resharding 2 -> 1 of an adapter-only checkpoint read from storage, base weights read again from
+    model.path. The step-3 checkpoint of the 2-worker run, resumed on 1 worker with grad_accum 2 (the same global
+    batch): steps 4-6 track the uninterrupted run (rel 1e-4: another reduction order). export.merge=false: the
+    adapter is written, the merged final/ is not."""
     _, ref_dir = lora_run
-    spec = lora_spec(tiny_spec, "run.name=resume", "checkpoint.every_steps=2", "checkpoint.keep=1", "export.merge=false")
-    first = run_training(spec, stop_at_step=4)
-    assert not first["finished"] and first["steps"] == 4
-    resumed = lora_spec(tiny_spec, "run.name=resume", "scaling.workers=1", "train.grad_accum=2", "export.merge=false")
-    second = run_training(resumed)
-    assert second["finished"] and second["world_size"] == 1 and second["resumed_from"].endswith("checkpoint_00000004")
-    run_dir = Path(spec.run_uri)
+    run_dir = tmp_path / "resume"
+    shutil.copytree(ref_dir / "checkpoint_00000003", run_dir / "checkpoint_00000003")
+    spec = job_spec(tiny_assets, tmp_path, "resume", "scaling.workers=1", "train.grad_accum=2", "export.merge=false")
+    summary = run_training(spec)
+    assert summary["finished"] and summary["world_size"] == 1
+    assert summary["resumed_from"].endswith("checkpoint_00000003")
     got, want = losses(run_dir), losses(ref_dir)
-    assert sorted(got) == [1, 2, 3, 4, 5, 6]
-    for step in range(1, 7):
-        assert got[step] == pytest.approx(want[step], rel=1e-6 if step <= 4 else 1e-4), step
+    assert sorted(got) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert got[step] == pytest.approx(want[step], rel=1e-4), step
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists() and not (run_dir / "final").exists()
 
 
-def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_spec, tmp_path):
-    """One step's adapter gradients under FSDP2 (2 workers, grad_accum 2) equal plain peft on the whole global
-    batch (rtol 1e-5, atol 1e-7, fp32); frozen base weights get no gradient in either."""
+def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_assets, tmp_path):
+    """Real: the recipe's model build (meta, peft, FSDP2 on 2 Ray Train workers, sharded load, adapter init) and
+    its gradient accumulation, against peft on transformers' from_pretrained in this process on the whole global
+    batch. The initial adapters are equal bit for bit (the init does not depend on the world size); the loss
+    within rel 1e-6; adapter gradients rtol 1e-5, atol 1e-7 (fp32); frozen base weights get no gradient."""
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
+    from transformers import AutoModelForCausalLM
 
-    from trainlift.train import data
-    from trainlift.train.model import load_model, load_tokenizer
+    from trainlift.train import data, lora
+    from trainlift.train.model import load_tokenizer
     from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
 
-    spec = lora_spec(tiny_spec, "train.grad_accum=2")
+    spec = job_spec(tiny_assets, tmp_path, "grads", "train.grad_accum=2")
     out = tmp_path / "lora_grads.pt"
 
-    def with_adapters(job):
-        from trainlift.train import lora
+    def set_lora_b(model):  # B starts at zero, which would leave A without gradient
+        from trainlift.train.weights import copy_shard
 
-        model = lora.apply(load_model(job.model, job.train.seed), job.model.lora, job.train.seed)
-        with torch.no_grad():  # B starts at zero, which would leave A without gradient
+        with torch.no_grad():
             for name, p in model.named_parameters():
                 if "lora_B" in name:
-                    p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-        return model
+                    copy_shard(p, torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
 
     def loop(config):
         import ray.train
         import ray.train.torch
 
         from trainlift.config.job import JobSpec
-        from trainlift.train.model import apply_fsdp
+        from trainlift.train import export, weights
+        from trainlift.train.model import apply_fsdp, fill_weights, sharded_config
         from trainlift.train.recipe import accumulate_gradients
 
         job = JobSpec.model_validate(config["spec"])
         ctx = ray.train.get_context()
         rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
         packed = data.prepare(job.data.train, job.data.format, load_tokenizer(job.model), job.data.seq_len)
-        model = apply_fsdp(with_adapters(job), device, bf16=False, activation_checkpointing=False)
+        model = lora.apply(weights.empty_model(sharded_config(job.model)), job.model.lora)
+        model = apply_fsdp(model, device, bf16=False, activation_checkpointing=False)
+        fill_weights(model, job.model, job.train.seed, device, lora.checkpoint_key)
+        lora.init_adapters(model, job.train.seed)
+        initial = {name: export.full_tensor(p) for name, p in model.named_parameters() if "lora_" in name}
+        set_lora_b(model)
         loss, _, _ = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device), world, device)
         grads = {name: None if p.grad is None else p.grad.full_tensor() for name, p in model.named_parameters()}
         if rank == 0:
-            torch.save({"loss": loss, "grads": grads}, config["out"])
+            torch.save({"loss": loss, "grads": grads, "initial": initial}, config["out"])
 
     TorchTrainer(loop, train_loop_config={"spec": spec.model_dump(), "out": str(out)},
                  scaling_config=ScalingConfig(num_workers=2)).fit()
     fsdp = torch.load(out, weights_only=True)
 
-    model = with_adapters(spec)
+    model = lora.apply(AutoModelForCausalLM.from_pretrained(spec.model.path, dtype=torch.float32), spec.model.lora)
+    lora.init_adapters(model, spec.train.seed)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
+    assert initial.keys() == fsdp["initial"].keys() and len(initial) == 2 * ADAPTED_LAYERS
+    for name, tensor in initial.items():
+        assert torch.equal(fsdp["initial"][name], tensor), name
+    set_lora_b(model)
     packed = data.prepare(spec.data.train, spec.data.format, load_tokenizer(spec.model), spec.data.seq_len)
     both = [step_batches(packed, spec, 0, rank=r, world=2, device=torch.device("cpu")) for r in range(2)]
     flat = [b for rank_batches in both for b in rank_batches]
@@ -176,4 +195,4 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
             adapters += 1
         else:
             assert param.grad is None and fsdp["grads"][name] is None, name
-    assert adapters == 2 * 5 * 2  # A and B of 5 modules in 2 layers
+    assert adapters == 2 * ADAPTED_LAYERS
