@@ -145,6 +145,25 @@ def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed():
             assert not torch.equal(tensor, other[name]), name
 
 
+def test_random_init_of_an_adapted_model_draws_the_base_weights_as_without_adapters():
+    """model.config with model.lora: `weights.init_random` skips the adapter modules, so the base weights are the
+    ones the same seed gives without LoRA."""
+    from trainlift.train import weights
+
+    plain = qwen2("meta").to_empty(device="cpu")
+    weights.init_random(plain, 7)
+    adapted = lora.apply(qwen2("meta"), spec(lora={"r": 4}).model.lora).to_empty(device="cpu")
+    weights.init_random(adapted, 7, lora.checkpoint_key)
+    expected = plain.state_dict()
+    compared = 0
+    for name, tensor in adapted.state_dict().items():
+        key = lora.checkpoint_key(name)
+        if key is not None:
+            assert torch.equal(tensor, expected[key]), name
+            compared += 1
+    assert compared == len(expected)
+
+
 def test_frozen_base_can_be_stored_in_bf16_while_adapters_stay_fp32():
     model = lora.apply(qwen2(), spec(lora={"r": 4}).model.lora)
     lora.store_frozen_as(model, torch.bfloat16)
