@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from trainlift.cli.app import app, console, err_console, print_json
-from trainlift.cli.progress import MODES, ProgressLines
+from trainlift.cli.progress import MODES, ProgressLines, trainable_note
 from trainlift.config.job import load_job_spec
 from trainlift.errors import UsageError
 from trainlift.ops.jobs import PROGRESS_ENV
@@ -21,10 +21,6 @@ from trainlift.ops.jobs import PROGRESS_ENV
 
 def _fmt(value, spec: str = ".4g") -> str:
     return "—" if value is None else format(value, spec)
-
-
-def _params(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,d}"
 
 
 @app.command()
@@ -90,11 +86,7 @@ def train(
                 progress.update(task, completed=row["step"], info=info)
             elif row.get("event") == "start":
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
-                if row.get("total_params"):
-                    note += f", {_params(row['trainable_params'])} of {_params(row['total_params'])} params trainable"
-                progress.update(task, completed=row["step"], info=note)
-                if not json_out:
-                    progress.console.print(f"{spec.run.name}: {note}")
+                progress.update(task, completed=row["step"], info=note + trainable_note(row))
 
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
