@@ -7,7 +7,9 @@ file), config.json, generation_config.json and the tokenizer.
 The weights are streamed tensor by tensor: every rank joins one all-gather per tensor and rank 0
 appends it to the open safetensors file through the run's pyarrow filesystem (local or s3://), so
 rank 0 holds at most one full tensor beyond its training state. Every tensor's shape is known
-before anything is gathered, which lets the safetensors header be written first.
+before anything is gathered, which lets the safetensors header be written first. What is written is a dict of
+`WeightSource`s: the model's own state dict, or tensors computed from it one at a time (LoRA merged into its
+base weights, `lora.merged_weights`).
 DCP's `HuggingFaceStorageWriter` with consolidation was not used: it needs every rank's files on
 one filesystem (it cannot write to s3://, nor across nodes without a shared volume).
 """
