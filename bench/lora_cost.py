@@ -1,4 +1,4 @@
-"""Benchmark 8: LoRA against full fine-tuning on the same model and batch: peak RSS per worker, step time and
+"""Benchmark 12: LoRA against full fine-tuning on the same model and batch: peak RSS per worker, step time and
 checkpoint bytes.
 
     python bench/lora_cost.py [--steps 12] [--repeats 1] [--model demo|wide] [--no-record]
@@ -87,7 +87,7 @@ def main() -> None:
         "", bl.table(["", "full fine-tuning", "LoRA", "ratio"], rows), "",
         bl.table(["run", "#", "peak RSS per worker (MiB)", "step time (s)", "checkpoint bytes", "final loss"], per_run),
     ]
-    bl.record("8. LoRA against full fine-tuning", loads, "\n".join(body))
+    bl.record("12. LoRA against full fine-tuning", loads, "\n".join(body))
 
 
 if __name__ == "__main__":
