@@ -262,8 +262,9 @@ def train_loop_per_worker(config: dict) -> None:
         if spec.model.lora is not None:
             lora.save_adapter(fs, f"{run_path}/adapter", model, tokenizer)
         if spec.model.lora is None or spec.export.merge:
+            merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
             export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer, export_dtype,
-                             source_dir=spec.model.path, weights=lora.merged_weights(model) if spec.model.lora else None)
+                             source_dir=spec.model.path, weights=merged)
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     summary = {
         "finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
