@@ -10,6 +10,7 @@ per-step metrics go to metrics.jsonl and, at most twice a second, to the driver'
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
@@ -305,7 +306,7 @@ def train_loop_per_worker(config: dict) -> None:
     w = Worker.from_context(spec)
     if not config.get("skip_doctor"):
         preflight.check_stack(spec.scaling.expect_fabric)
-    tokenizer = load_tokenizer(spec.model)
+    tokenizer = functools.cache(lambda: load_tokenizer(spec.model))  # the driver built the data cache: load it late
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
     model, model_config, fpt = build_model(w)
     optimizer, scheduler = build_optimizer(model, w)
@@ -326,7 +327,7 @@ def train_loop_per_worker(config: dict) -> None:
     eval_loss = next((loss for loss in (last_eval, initial_eval) if loss is not None), None)
     if finished:
         eval_loss = evaluator(step) if evaluator.batches else eval_loss
-        export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer,
+        export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer(),
                          torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path)
     log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
                "eval_loss": eval_loss,
