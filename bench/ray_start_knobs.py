@@ -1,4 +1,4 @@
-"""Benchmark 12: which of Ray's own start-up knobs shorten Ray Train's start on one machine.
+"""Benchmark 13: which of Ray's own start-up knobs shorten Ray Train's start on one machine.
 
     python bench/ray_start_knobs.py [--rounds 2] [--settle 8] [--no-record]
 
@@ -123,7 +123,7 @@ def main() -> None:
             f"CPUs), {args.settle:.0f} s idle between `ray.init` and `fit()`, {args.rounds} rounds with the order "
             "rotated.\n\n"
             + bl.table(["variant", "median s", "runs s", "× base", "rank 0 on a prestarted worker"], rows))
-    bl.record("12. Ray's start-up knobs", loads, body)
+    bl.record("13. Ray's start-up knobs", loads, body)
 
 
 if __name__ == "__main__":
