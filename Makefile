@@ -27,7 +27,7 @@ chromium:
 	  echo "Chromium not installed: the report's browser test will be skipped"
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=40
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -35,10 +35,9 @@ TRAINLIFT_PHASES = [
     ("driver: progress-board actor, TorchTrainer", "ensure_ray end", "fit start"),
     ("Ray Train: controller + worker actors start, imports, gloo group", "fit start", "train_loop start"),
     ("worker: doctor stack check", "train_loop start", "check_stack end"),
-    ("worker: tokenizer + map the data cache (train and eval)", "check_stack end", "load_model start"),
-    ("worker: load model (from_pretrained)", "load_model start", "load_model end"),
-    ("worker: FSDP2 wrap", "apply_fsdp start", "apply_fsdp end"),
-    ("worker: resume check + barrier + metrics sink", "apply_fsdp end", "evaluate start"),
+    ("worker: tokenizer + map the data cache (train and eval)", "check_stack end", "build_model start"),
+    ("worker: build the model (meta init, FSDP2 wrap, fill the shards)", "build_model start", "build_model end"),
+    ("worker: optimizer, resume check, barrier, metrics sink", "build_model end", "evaluate start"),
     ("worker: initial evaluation (step 0 eval_loss)", "evaluate start", "evaluate end"),
     ("worker: first step (batch, forward, backward, optimizer)", "train_step start", "first step"),
 ]

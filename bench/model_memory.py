@@ -126,6 +126,14 @@ def worker(args) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     loader = new_load if args.variant == "new" or args.worker == "export" else old_load
+    # What a training worker has imported before it loads (the recipe's own imports): library code is not load
+    # memory, so both ways import it before the phase starts.
+    import safetensors.torch  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import transformers  # noqa: F401
+
+    import trainlift.train.model  # noqa: F401
+    import trainlift.train.weights  # noqa: F401
     dist.barrier()
     with PhasePeak() as load_peak:
         model = loader(args.model_dir)

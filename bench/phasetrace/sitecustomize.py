@@ -17,7 +17,7 @@ LOG = os.environ.get("BENCH_PHASE_LOG")
 WATCHED_IMPORTS = {"torch", "transformers", "ray", "ray.train.torch", "typer", "trainlift.cli",
                    "trainlift.train.launch", "trainlift.train.recipe", "trainlift.doctor"}
 DRIVER_CALLS = ("run_training", "preflight", "prepare_model", "prepare_data", "ensure_ray", "scaling_for", "_progress_board")
-WORKER_CALLS = ("load_tokenizer", "load_model", "apply_fsdp", "resume", "evaluate", "train_step")
+WORKER_CALLS = ("load_tokenizer", "build_model", "apply_fsdp", "resume", "evaluate", "train_step")
 
 
 def emit(event: str, **extra) -> None:

@@ -84,3 +84,13 @@ def use(monkeypatch, tmp_path: Path) -> dict[str, str]:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+def use_bucket(monkeypatch, tmp_path: Path, bucket: str) -> dict[str, str]:
+    """`use`, in us-east-1, with `bucket` created empty on the server."""
+    env = use(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return env

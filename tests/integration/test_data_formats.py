@@ -92,16 +92,16 @@ def test_a_cache_on_s3_storage_is_uploaded_once_and_downloaded_once_per_node(s3,
     assert names == ["manifest.json", "meta-00000.npy", "rows-00000.npy"]
     assert not datacache.prepare_splits(spec, tokenizer)["train"]["built"]
 
-    train, _ = datacache.load_splits(spec, tokenizer, rank=0, keys=keys)
+    train, _ = datacache.load_splits(spec, lambda: tokenizer, rank=0, keys=keys)
     expected = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
     assert [r["input_ids"].tolist() for r in train.rows] == [r["input_ids"] for r in expected.rows]
     local = tmp_path / "node-tmp" / "trainlift-data-cache" / key
     copied = (local / "rows-00000.npy").stat().st_ino
-    datacache.load_splits(spec, tokenizer, rank=1, keys=keys)  # another worker on the node: no second download
+    datacache.load_splits(spec, lambda: tokenizer, rank=1, keys=keys)  # another worker on the node: no second download
     assert (local / "rows-00000.npy").stat().st_ino == copied
 
     raw = bytearray((local / "rows-00000.npy").read_bytes())
     raw[-3] ^= 0xFF
     (local / "rows-00000.npy").write_bytes(bytes(raw))  # a damaged local copy is fetched again, not read
-    again, _ = datacache.load_splits(spec, tokenizer, rank=1, keys=keys)
+    again, _ = datacache.load_splits(spec, lambda: tokenizer, rank=1, keys=keys)
     assert [r["input_ids"].tolist() for r in again.rows] == [r["input_ids"] for r in expected.rows]

@@ -124,7 +124,7 @@ def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the
 
 
 def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_assets, tmp_path):
-    """Real: the recipe's model build (meta, peft, FSDP2 on 2 Ray Train workers, sharded load, adapter init) and
+    """Real: the recipe's `build_model` (meta, peft, FSDP2 on 2 Ray Train workers, sharded load, adapter init) and
     its gradient accumulation, against peft on transformers' from_pretrained in this process on the whole global
     batch. The initial adapters are equal bit for bit (the init does not depend on the world size); the loss
     within rel 1e-6; adapter gradients rtol 1e-5, atol 1e-7 (fp32); frozen base weights get no gradient."""
@@ -152,18 +152,14 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_as
         import ray.train.torch
 
         from trainlift.config.job import JobSpec
-        from trainlift.train import export, weights
-        from trainlift.train.model import apply_fsdp, fill_weights, sharded_config
-        from trainlift.train.recipe import accumulate_gradients
+        from trainlift.train import export
+        from trainlift.train.recipe import Worker, accumulate_gradients, build_model
 
         job = JobSpec.model_validate(config["spec"])
         ctx = ray.train.get_context()
         rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
         packed = data.prepare(job.data.train, job.data.format, load_tokenizer(job.model), job.data.seq_len)
-        model = lora.apply(weights.empty_model(sharded_config(job.model)), job.model.lora)
-        model = apply_fsdp(model, device, bf16=False, activation_checkpointing=False)
-        fill_weights(model, job.model, job.train.seed, device, lora.checkpoint_key)
-        lora.init_adapters(model, job.train.seed)
+        model, _, _ = build_model(Worker(job, rank, world, device, bf16=False, fs=None, run_path=""))
         initial = {name: export.full_tensor(p) for name, p in model.named_parameters() if "lora_" in name}
         set_lora_b(model)
         loss, _, _ = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device), world, device)

@@ -18,7 +18,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import boto3
 import pytest
 
 h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
@@ -77,10 +76,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def s3(monkeypatch, tmp_path):
-    env = h.use(monkeypatch, tmp_path)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    boto3.client("s3").create_bucket(Bucket="ckpts")
-    return env
+    return h.use_bucket(monkeypatch, tmp_path, "ckpts")
 
 
 def test_each_rank_reads_only_its_part_of_an_s3_checkpoint(s3, tiny_assets, tmp_path):

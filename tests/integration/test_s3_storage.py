@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import pytest
 import yaml
 
@@ -17,10 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def s3_env(monkeypatch, tmp_path):
-    env = h.use(monkeypatch, tmp_path)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    boto3.client("s3").create_bucket(Bucket="trainlift-ckpts")
-    return env
+    return h.use_bucket(monkeypatch, tmp_path, "trainlift-ckpts")
 
 
 def train(job, *args):

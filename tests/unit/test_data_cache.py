@@ -48,13 +48,17 @@ def as_lists(packed):
 
 def test_cached_rows_equal_the_in_memory_packing_exactly(job, tokenizer):
     spec = job(seq_len=16)  # short rows: some examples are truncated, which the cache must count the same
-    train, _ = datacache.load_splits(spec, tokenizer, rank=0)
+    train, _ = datacache.load_splits(spec, lambda: tokenizer, rank=0)
     expected = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
     assert as_lists(train) == as_lists(expected) and expected.truncated > 0
     assert isinstance(train.rows[0]["input_ids"], np.memmap)  # mapped from the file, not loaded into lists
     batch, reference = data.collate([train.rows[i] for i in (3, 0, 7)]), data.collate([expected.rows[i] for i in (3, 0, 7)])
     assert all(torch_equal(batch[k], reference[k]) for k in ("input_ids", "labels", "position_ids"))
     assert batch["num_tokens"] == reference["num_tokens"]
+
+
+def no_tokenizer():
+    raise AssertionError("the tokenizer was loaded, though the driver's cache keys were given and the cache is sound")
 
 
 def torch_equal(a, b):
@@ -70,7 +74,7 @@ def test_a_second_run_reuses_the_cache_and_a_changed_input_rebuilds_it(job, toke
     again = datacache.prepare_splits(spec, tokenizer)
     assert again == {name: {**entry, "built": False} for name, entry in first.items()}
     assert manifest.stat().st_mtime_ns == written
-    datacache.load_splits(spec, tokenizer, rank=0, keys=again)
+    datacache.load_splits(spec, no_tokenizer, rank=0, keys=again)  # a worker given the driver's keys
     assert manifest.stat().st_mtime_ns == written
 
     with open(spec.data.train, "a") as fh:  # the data file changes
@@ -112,7 +116,7 @@ def test_a_damaged_cache_is_rebuilt_never_read(job, tokenizer, damage):
     directory = cache_dir(spec, keys["train"]["key"])
     damage(directory)
     assert datacache.verified(str(directory), keys["train"]["key"]) is None
-    train, _ = datacache.load_splits(spec, tokenizer, rank=0, keys=keys)  # rank 0 finds it unsound and rebuilds
+    train, _ = datacache.load_splits(spec, lambda: tokenizer, rank=0, keys=keys)  # rank 0 finds it unsound and rebuilds
     assert as_lists(train) == as_lists(data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len))
     assert datacache.verified(str(directory), keys["train"]["key"]) is not None
     damage(directory)
@@ -122,7 +126,7 @@ def test_a_damaged_cache_is_rebuilt_never_read(job, tokenizer, damage):
 def test_eval_examples_caps_examples_before_packing(job, tokenizer):
     """Before: the recipe kept the first `eval_examples` packed rows, each holding several examples."""
     spec = job(eval_examples=7)
-    _, evaluation = datacache.load_splits(spec, tokenizer, rank=0)
+    _, evaluation = datacache.load_splits(spec, lambda: tokenizer, rank=0)
     assert sum(len(m) for m in evaluation.examples_per_row) == 7
     first_seven = data.prepare(spec.data.eval, spec.data.format, tokenizer, spec.data.seq_len, limit=7)
     assert as_lists(evaluation) == as_lists(first_seven)

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -181,13 +181,14 @@ def verified(directory: str, key: str) -> dict | None:
     return manifest if ok else None
 
 
-def ensure(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> bool:
-    """Build the cache unless a sound one is there; returns whether it was built."""
+def ensure(fs: pafs.FileSystem, root: str, key: str, split: Split, get_tokenizer: Callable[[], Any]) -> bool:
+    """Build the cache unless a sound one is there; returns whether it was built. The tokenizer is loaded
+    only to build."""
     directory = f"{root}/{key}"
     sound = verified(directory, key) if isinstance(fs, pafs.LocalFileSystem) else read_manifest(fs, directory, key)
     if sound is not None:
         return False
-    build(fs, root, key, split, tokenizer)
+    build(fs, root, key, split, get_tokenizer())
     return True
 
 
@@ -274,23 +275,25 @@ def prepare_splits(spec, tokenizer) -> dict[str, dict]:
     out = {}
     for name, split in splits(spec).items():
         key = cache_key(split, tokenizer_hash)
-        out[name] = {"key": key, "built": ensure(fs, root, key, split, tokenizer)}
+        out[name] = {"key": key, "built": ensure(fs, root, key, split, lambda: tokenizer)}
     return out
 
 
-def load_splits(spec, tokenizer, rank: int, keys: dict[str, dict] | None = None):
+def load_splits(spec, get_tokenizer: Callable[[], Any], rank: int, keys: dict[str, dict] | None = None):
     """In a worker: (train, eval or None) as mapped `data.Packed`. `keys` come from the driver's
-    `prepare_splits`; without them (the recipe run on its own) they are computed here."""
+    `prepare_splits`; without them (the recipe run on its own) they are computed here. `get_tokenizer` is
+    called only when the keys must be computed or the cache built, so a start with the driver's keys skips
+    loading the tokenizer."""
     import torch.distributed as dist
 
     fs, root = root_of(spec.run.storage)
     todo = splits(spec)
     if keys is None:
-        tokenizer_hash = tokenizer_fingerprint(tokenizer)
+        tokenizer_hash = tokenizer_fingerprint(get_tokenizer())
         keys = {name: {"key": cache_key(split, tokenizer_hash)} for name, split in todo.items()}
     if rank == 0:
         for name, split in todo.items():
-            ensure(fs, root, keys[name]["key"], split, tokenizer)
+            ensure(fs, root, keys[name]["key"], split, get_tokenizer)
     if dist.is_initialized():
         dist.barrier()
     packed = {}

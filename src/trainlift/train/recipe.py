@@ -10,9 +10,12 @@ per-step metrics go to metrics.jsonl and, at most twice a second, to the driver'
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import ray.train
 import ray.train.torch
@@ -162,118 +165,186 @@ class StopRequests:
         return 0.0
 
 
-def train_loop_per_worker(config: dict) -> None:
-    spec = JobSpec.model_validate(config["spec"])
-    board, stop_at = config.get("board"), config.get("stop_at_step")
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
-    bf16 = spec.model.dtype == "bf16" or (spec.model.dtype == "auto" and device.type == "cuda")
-    storage = ctx.get_storage()
-    fs, run_path = storage.storage_filesystem, storage.experiment_fs_path
-    if not config.get("skip_doctor"):
-        preflight.check_stack(spec.scaling.expect_fabric)
+@dataclass
+class Worker:
+    """This worker's place in the run, and the run's spec and storage."""
 
-    tokenizer = load_tokenizer(spec.model)
-    train_data, eval_data = datacache.load_splits(spec, tokenizer, rank, config.get("data_cache"))
+    spec: JobSpec
+    rank: int
+    world: int
+    device: torch.device
+    bf16: bool
+    fs: Any
+    run_path: str
 
-    model = weights.empty_model(sharded_config(spec.model))
-    model_config, fpt = model.config, flops_per_token(model, spec.data.seq_len)
-    if spec.model.lora is not None:  # adapters go in before sharding; the base weights are frozen
-        model = lora.apply(model, spec.model.lora)
+    @classmethod
+    def from_context(cls, spec: JobSpec) -> "Worker":
+        ctx = ray.train.get_context()
+        device = ray.train.torch.get_device()
+        storage = ctx.get_storage()
+        return cls(spec, ctx.get_world_rank(), ctx.get_world_size(), device,
+                   spec.model.dtype == "bf16" or (spec.model.dtype == "auto" and device.type == "cuda"),
+                   storage.storage_filesystem, storage.experiment_fs_path)
+
+
+def build_model(w: Worker):
+    """The model built on the meta device, sharded, then filled; returns (model, its config, FLOPs per token).
+    With model.lora, peft adds the adapters before sharding and freezes the base weights."""
+    lora_section = w.spec.model.lora
+    model = weights.empty_model(sharded_config(w.spec.model))
+    model_config, fpt = model.config, flops_per_token(model, w.spec.data.seq_len)
+    if lora_section is not None:
+        model = lora.apply(model, lora_section)
         fpt = lora.flops_per_token(fpt, model)
-        if bf16:
+        if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
-    param_counts = lora.parameter_counts(model)
-    model = apply_fsdp(model, device, bf16, spec.model.activation_checkpointing)
-    fill_weights(model, spec.model, spec.train.seed, device, lora.checkpoint_key if spec.model.lora else None)
-    if spec.model.lora is not None:
-        lora.init_adapters(model, spec.train.seed)
+    model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing)
+    fill_weights(model, w.spec.model, w.spec.train.seed, w.device, lora.checkpoint_key if lora_section else None)
+    if lora_section is not None:
+        lora.init_adapters(model, w.spec.train.seed)
+    return model, model_config, fpt
+
+
+def build_optimizer(model, w: Worker):
+    train = w.spec.train
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=spec.train.lr, weight_decay=spec.train.weight_decay,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(spec.train.warmup_steps, spec.train.steps, spec.train.min_lr_ratio))
-    step, cursor, resumed_from = resume(fs, run_path, model, optimizer, scheduler, rank)
-    dist.barrier()
-    if config.get("nccl_log_prefix") and ctx.get_local_world_size() < world:  # NCCL over the network
-        preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)
+    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay,
+                                  betas=(0.9, 0.95), fused=w.device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train.warmup_steps, train.steps,
+                                                                       train.min_lr_ratio))
+    return optimizer, scheduler
 
-    sink = trackers.open_sink(spec, fs, run_path, step) if rank == 0 else metrics.NullSink()
-    peak = metrics.device_peak_flops(device)
-    eval_batches = data.eval_batches(eval_data, rank, world, spec.train.micro_batch_size) if eval_data else []
-    dummy = data.collate([{"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8))}])
 
-    def run_eval(at_step: int) -> float | None:
-        if not eval_batches:
+class RunLog:
+    """Where the run's numbers go: metrics.jsonl and the trackers (rank 0), the driver's progress board (at most
+    every BOARD_POST_INTERVAL_S), and the throughput over the steps after the first one of this (re)start."""
+
+    def __init__(self, w: Worker, board, step: int, fpt: float):
+        self.w, self.fpt, self.first_step = w, fpt, step
+        self.board = board if w.rank == 0 else None
+        self.sink = trackers.open_sink(w.spec, w.fs, w.run_path, step) if w.rank == 0 else metrics.NullSink()
+        self.peak = metrics.device_peak_flops(w.device)
+        self.timed_tokens, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0
+
+    def started(self, step: int, resumed_from: str | None, param_counts: dict[str, int]) -> dict:
+        row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
+               "world": self.w.world, "time": time.time(), **param_counts}
+        self.sink.write(row)  # marks the (re)start for `trainlift report`
+        return row
+
+    def post(self, row: dict) -> None:
+        if self.board is not None:
+            self.board.update.remote(row)
+
+    def stepped(self, step: int, loss: float, lr: float, grad_norm: float, tokens: float, step_time: float,
+                last: bool) -> None:
+        if step > self.first_step + 1:  # the first step after (re)start carries warm-up costs
+            self.timed_tokens, self.timed_seconds = self.timed_tokens + tokens, self.timed_seconds + step_time
+        row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world": self.w.world,
+               "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
+               "mfu": metrics.mfu(tokens / step_time / self.w.world, self.fpt, self.peak), "time": time.time()}
+        self.sink.write(row)
+        if last or time.monotonic() >= self.post_at:
+            self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})
+            self.post_at = time.monotonic() + BOARD_POST_INTERVAL_S
+
+    def throughput(self, step: int) -> dict:
+        tokens_per_s = self.timed_tokens / self.timed_seconds if self.timed_seconds else None
+        return {"tokens_per_s": tokens_per_s,
+                "step_time_s": self.timed_seconds / max(1, step - self.first_step - 1) if self.timed_seconds else None,
+                "mfu": metrics.mfu(tokens_per_s / self.w.world, self.fpt, self.peak) if tokens_per_s else None,
+                "flops_per_token": self.fpt}
+
+    def close(self, summary: dict) -> None:
+        self.sink.close(summary)
+        if self.board is not None:
+            ray.get(self.board.finish.remote(summary))
+
+
+class Evaluator:
+    """Eval loss on this worker's slice of the eval split (every rank takes part; `None` without eval data)."""
+
+    def __init__(self, model, eval_data, w: Worker, log: RunLog):
+        self.model, self.w, self.log = model, w, log
+        self.batches = data.eval_batches(eval_data, w.rank, w.world, w.spec.train.micro_batch_size) if eval_data else []
+        self.dummy = data.collate([{"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8))}])
+
+    def __call__(self, at_step: int) -> float | None:
+        if not self.batches:
             return None
-        loss = evaluate(model, eval_batches, dummy, device)
-        sink.write({"step": at_step, "eval_loss": loss, "time": time.time()})
+        loss = evaluate(self.model, self.batches, self.dummy, self.w.device)
+        self.log.sink.write({"step": at_step, "eval_loss": loss, "time": time.time()})
         return loss
 
-    start_row = {"event": "start", "step": step, "total_steps": spec.train.steps, "resumed_from": resumed_from,
-                 "world": world, "time": time.time(), **param_counts}
-    sink.write(start_row)  # marks the (re)start for `trainlift report`
-    initial_eval = run_eval(step) if step == 0 else None
-    if rank == 0 and board is not None:
-        board.update.remote(start_row)
-    rows_per_step = world * spec.train.micro_batch_size * micro_batches_per_step(spec, world)
-    timed_tokens, timed_seconds, eval_loss, loss = 0.0, 0.0, initial_eval, float("nan")
-    first_step = step
-    stop_requests = StopRequests(board, rank)
-    post_at = 0.0
+
+def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor: int, evaluator: Evaluator,
+          log: RunLog, stop_requests: StopRequests, stop_at: int | None) -> tuple[int, float, float | None]:
+    """Steps until `train.steps`, or until a stop is asked for (checkpointed first); returns
+    (step reached, last loss, last eval loss or None)."""
+    spec = w.spec
+    rows_per_step = w.world * spec.train.micro_batch_size * micro_batches_per_step(spec, w.world)
+    every_ckpt, every_eval = spec.checkpoint.every_steps, spec.train.eval_every
+    loss, eval_loss = float("nan"), None
     while step < spec.train.steps:
         t0 = time.perf_counter()
-        batches = step_batches(train_data, spec, cursor, rank, world, device)
+        batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
         loss, grad_norm, tokens, stop_requested = train_step(model, optimizer, scheduler, batches,
-                                                             spec.train.max_grad_norm, world, device, stop_requests.vote(),
-                                                             sync_every_micro_batch(spec, device))
-        step_time = time.perf_counter() - t0
+                                                             spec.train.max_grad_norm, w.world, w.device,
+                                                             stop_requests.vote(), sync_every_micro_batch(spec, w.device))
         step, cursor = step + 1, cursor + rows_per_step
-        if step > first_step + 1:  # the first step after (re)start carries warm-up costs
-            timed_tokens, timed_seconds = timed_tokens + tokens, timed_seconds + step_time
-        row = {"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "world": world,
-               "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
-               "mfu": metrics.mfu(tokens / step_time / world, fpt, peak), "time": time.time()}
-        sink.write(row)
         stopping = (stop_at is not None and step >= stop_at) or stop_requested
-        if rank == 0 and board is not None and (stopping or step == spec.train.steps or time.monotonic() >= post_at):
-            board.update.remote({"event": "step", **row, "total_steps": spec.train.steps})
-            post_at = time.monotonic() + BOARD_POST_INTERVAL_S
+        log.stepped(step, loss, scheduler.get_last_lr()[0], grad_norm, tokens, time.perf_counter() - t0,
+                    last=stopping or step == spec.train.steps)
         boundary_metrics = {"step": step, "loss": loss}
-        if spec.train.eval_every and step % spec.train.eval_every == 0 and step < spec.train.steps:
-            eval_loss = run_eval(step)
-            boundary_metrics["eval_loss"] = eval_loss
-            sink.flush()
-            if not (spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0):
+        if every_eval and step % every_eval == 0 and step < spec.train.steps:
+            eval_loss = boundary_metrics["eval_loss"] = evaluator(step)
+            log.sink.flush()
+            if not (every_ckpt and step % every_ckpt == 0):
                 ray.train.report(boundary_metrics)
-        periodic = spec.checkpoint.every_steps and (step % spec.checkpoint.every_steps == 0 or step == spec.train.steps)
+        periodic = every_ckpt and (step % every_ckpt == 0 or step == spec.train.steps)
         if periodic or (stopping and step < spec.train.steps):
-            sink.flush()
-            save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, spec.checkpoint.keep, boundary_metrics)
+            log.sink.flush()
+            save(model, optimizer, scheduler, step, cursor, w.rank, w.world, w.fs, w.run_path, spec.checkpoint.keep,
+                 boundary_metrics)
         if stopping:
             break
+    return step, loss, eval_loss
+
+
+def train_loop_per_worker(config: dict) -> None:
+    spec = JobSpec.model_validate(config["spec"])
+    w = Worker.from_context(spec)
+    if not config.get("skip_doctor"):
+        preflight.check_stack(spec.scaling.expect_fabric)
+    tokenizer = functools.cache(lambda: load_tokenizer(spec.model))  # the driver built the data cache: load it late
+    train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
+    model, model_config, fpt = build_model(w)
+    param_counts = lora.parameter_counts(model)
+    optimizer, scheduler = build_optimizer(model, w)
+    step, cursor, resumed_from = resume(w.fs, w.run_path, model, optimizer, scheduler, w.rank)
+    dist.barrier()
+    if config.get("nccl_log_prefix") and ray.train.get_context().get_local_world_size() < w.world:  # over the network
+        preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)
+
+    log = RunLog(w, config.get("board"), step, fpt)
+    evaluator = Evaluator(model, eval_data, w, log)
+    start_row = log.started(step, resumed_from, param_counts)
+    initial_eval = evaluator(step) if step == 0 else None
+    log.post(start_row)
+    step, loss, last_eval = train(w, model, optimizer, scheduler, train_data, step, cursor, evaluator, log,
+                                  StopRequests(config.get("board"), w.rank), config.get("stop_at_step"))
 
     finished = step >= spec.train.steps
-    if finished and eval_batches:
-        eval_loss = run_eval(step)
+    eval_loss = next((loss for loss in (last_eval, initial_eval) if loss is not None), None)
     if finished:
-        export_dtype = torch.bfloat16 if bf16 else torch.float32
+        eval_loss = evaluator(step) if evaluator.batches else eval_loss
         if spec.model.lora is not None:
-            lora.save_adapter(fs, f"{run_path}/adapter", model, tokenizer)
+            lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer())
         if spec.model.lora is None or spec.export.merge:
             merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
-            export.export_hf(fs, f"{run_path}/final", model, model_config, tokenizer, export_dtype,
-                             source_dir=spec.model.path, weights=merged)
-    tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
-    summary = {
-        "finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
-        "eval_loss": eval_loss, "tokens_per_s": tokens_per_s,
-        "step_time_s": timed_seconds / max(1, step - first_step - 1) if timed_seconds else None,
-        "mfu": metrics.mfu(tokens_per_s / world, fpt, peak) if tokens_per_s else None,
-        "world_size": world, "resumed_from": resumed_from, "flops_per_token": fpt,
-        "device": device.type, "truncated_examples": train_data.truncated, **param_counts,
-    }
-    sink.close(summary)
-    if rank == 0 and board is not None:
-        ray.get(board.finish.remote(summary))
+            export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer(),
+                             torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path, weights=merged)
+    log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
+               "eval_loss": eval_loss,
+               **log.throughput(step), "world_size": w.world, "resumed_from": resumed_from, "device": w.device.type,
+               "truncated_examples": train_data.truncated, **param_counts})
