@@ -1,5 +1,6 @@
-"""LoRA on FSDP2 through the real recipe on the session's local Ray cluster (CPU, gloo), with the tiny Qwen2 model
-loaded the sharded way (meta device, peft, fully_shard, then the HF files read under peft's renamed keys).
+"""LoRA on FSDP2 through the real recipe on the shared local Ray cluster of the test run (CPU, gloo), with the
+tiny Qwen2 model loaded the sharded way (meta device, peft, fully_shard, then the HF files read under peft's
+renamed keys).
 
 One 6-step, 2-worker LoRA run (checkpoints at 3 and 6) serves the first two tests; the third resumes a copy of its
 step-3 checkpoint on 1 worker; the last is one 2-worker step compared with plain peft in this process."""
