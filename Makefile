@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,track,report]'
+	$(BIN)/pip install --quiet -e '.[test,track,report,lora]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -115,9 +115,9 @@ def new_export(model, out_dir: str, rank: int) -> None:
     import pyarrow.fs as pafs
     import torch
 
-    from trainlift.train.export import write_weights
+    from trainlift.train.export import model_weights, write_weights
 
-    write_weights(pafs.LocalFileSystem(), out_dir, model, torch.float32)
+    write_weights(pafs.LocalFileSystem(), out_dir, model_weights(model), torch.float32)
 
 
 def worker(args) -> None:

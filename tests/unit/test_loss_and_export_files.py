@@ -42,10 +42,10 @@ def tiny_llama():
 def test_streamed_files_hold_every_weight_once_in_the_export_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from trainlift.train.export import INDEX, write_weights
+    from trainlift.train.export import INDEX, model_weights, write_weights
 
     model = tiny_llama()
-    names = write_weights(pafs.LocalFileSystem(), str(tmp_path), model, torch.bfloat16, max_file_bytes=2048)
+    names = write_weights(pafs.LocalFileSystem(), str(tmp_path), model_weights(model), torch.bfloat16, max_file_bytes=2048)
     index = json.loads((tmp_path / INDEX).read_text())
     assert len(names) > 1 and sorted(set(index["weight_map"].values())) == sorted(names)
     stored = {}

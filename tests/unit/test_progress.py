@@ -45,6 +45,14 @@ def test_lines_mode_prints_a_human_line_every_n_seconds_with_an_eta():
     assert not any(line.startswith(jobs.PROGRESS_PREFIX) for line in printed)
 
 
+def test_the_start_line_counts_trainable_parameters_when_the_row_has_them():
+    out = io.StringIO()
+    lines = ProgressLines("lines", 30, out=out, clock=Clock())
+    lines({"event": "start", "step": 3, "world": 1, "resumed_from": "r/checkpoint_00000003", "time": 1.0,
+           "trainable_params": 1_163_264, "total_params": 23_866_880})
+    assert out.getvalue() == "resumed at step 3 on 1 workers, 1.16M of 23.87M params trainable\n"
+
+
 def test_a_submitted_job_asks_for_machine_lines(tmp_path):
     env = jobs.runtime_env(tmp_path, [], [], {"HF_HOME": "/data"})
     assert env["env_vars"][jobs.PROGRESS_ENV] == "json" and env["env_vars"]["HF_HOME"] == "/data"

@@ -25,6 +25,17 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def param_count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,d}"
+
+
+def trainable_note(row: dict) -> str:
+    """', 1.16M of 23.87M params trainable' for a start row that counts them (LoRA), else ''."""
+    if not row.get("total_params"):
+        return ""
+    return f", {param_count(row['trainable_params'])} of {param_count(row['total_params'])} params trainable"
+
+
 def human_line(row: dict, eta_s: float | None) -> str:
     total = row.get("total_steps")
     parts = [f"step {row['step']}/{total}" if total else f"step {row['step']}", f"loss {row['loss']:.4f}",
@@ -50,7 +61,7 @@ class ProgressLines:
         if event == "start" and self.mode != "json" and (row["step"], row.get("time")) != self.last_start:
             self.last_start = (row["step"], row.get("time"))  # the board repeats its latest row until the next
             note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
-            self._print(f"{note} on {row['world']} workers")
+            self._print(f"{note} on {row['world']} workers{trainable_note(row)}")
         if event != "step" or row["step"] == self.last_step:
             return
         self.last_step = row["step"]

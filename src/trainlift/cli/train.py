@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from trainlift.cli.app import app, console, err_console, print_json
-from trainlift.cli.progress import MODES, ProgressLines
+from trainlift.cli.progress import MODES, ProgressLines, trainable_note
 from trainlift.config.job import load_job_spec
 from trainlift.errors import UsageError
 from trainlift.ops.jobs import PROGRESS_ENV
@@ -86,7 +86,7 @@ def train(
                 progress.update(task, completed=row["step"], info=info)
             elif row.get("event") == "start":
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
-                progress.update(task, completed=row["step"], info=note)
+                progress.update(task, completed=row["step"], info=note + trainable_note(row))
 
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
@@ -98,7 +98,8 @@ def train(
     else:
         table = Table(title=f"run {summary['name']}", show_header=False)
         for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
-                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f")):
+                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f"),
+                         ("trainable_params", ",d"), ("total_params", ",d")):
             table.add_row(key, _fmt(summary.get(key), fmt))
         table.add_row("run", summary["run"])
         console.print(table)

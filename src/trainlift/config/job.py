@@ -21,6 +21,26 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraSection(_Section):
+    r: int = Field(16, gt=0, description="Rank of the adapter matrices.")
+    alpha: float | None = Field(None, gt=0, description="Scaling numerator (the update is alpha/r * B @ A); default 2*r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Names of the linear layers to adapt (e.g. [q_proj, v_proj]); "
+        "all-linear: every linear layer of the decoder blocks.")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError("name at least one module, or use all-linear")
+        return value
+
+    @property
+    def scaling_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else 2.0 * self.r
+
+
 class ModelSection(_Section):
     path: str | None = Field(None, description="Local HF model directory or hub id.")
     config: dict[str, Any] | str | None = Field(
@@ -31,6 +51,7 @@ class ModelSection(_Section):
     tokenizer: str | None = Field(None, description="Tokenizer directory or hub id; default: model.path.")
     activation_checkpointing: bool = False
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    lora: LoraSection | None = Field(None, description="Train LoRA adapters instead of every weight (absent: full fine-tuning).")
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> "ModelSection":
@@ -117,6 +138,10 @@ class CheckpointSection(_Section):
     keep: int = Field(2, ge=1)
 
 
+class ExportSection(_Section):
+    merge: bool = Field(True, description="With model.lora: also write final/, the base model with the adapter merged in.")
+
+
 class RunSection(_Section):
     name: str = "run"
     storage: str = Field("runs", description="Local directory or s3://bucket/prefix; the run lives in <storage>/<name>.")
@@ -147,6 +172,7 @@ class JobSpec(_Section):
     train: TrainSection = TrainSection()
     scaling: ScalingSection = ScalingSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    export: ExportSection = ExportSection()
     run: RunSection = RunSection()
 
     @property

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_state_dict,
@@ -115,9 +116,17 @@ def remove_unfinished_after(fs: pafs.FileSystem, run_path: str, step: int) -> No
             fs.delete_dir(path)
 
 
+def trainable_state(model, optimizer) -> tuple[dict, dict]:
+    """Model and optimizer state without frozen weights (LoRA: the base model comes from model.path, not from
+    checkpoints). A frozen weight tied under a second name (a tied LM head) escapes `ignore_frozen_params`."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
+
+
 def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: int, rank: int, world: int) -> None:
     """This rank's part of a checkpoint, written to a local directory that Ray Train then uploads."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = trainable_state(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -131,10 +140,11 @@ def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: 
 def load(fs: pafs.FileSystem, path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int]:
     """Load a checkpoint (saved by any number of ranks) into this rank, reading only the parts this rank needs
     straight from `fs` (local or S3); returns (step, data cursor)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = trainable_state(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=ArrowReader(fs, path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    dcp.load(state, storage_reader=ArrowReader(fs, path))  # fails on any trainable key the checkpoint lacks
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(strict=False))  # frozen weights are absent on purpose
     trainer = json.loads(_read(fs, f"{path}/{TRAINER_STATE}"))
     scheduler.load_state_dict(trainer["scheduler"])
     rng_file = f"{path}/rng_rank{rank}.pt"

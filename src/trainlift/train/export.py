@@ -7,7 +7,9 @@ file), config.json, generation_config.json and the tokenizer.
 The weights are streamed tensor by tensor: every rank joins one all-gather per tensor and rank 0
 appends it to the open safetensors file through the run's pyarrow filesystem (local or s3://), so
 rank 0 holds at most one full tensor beyond its training state. Every tensor's shape is known
-before anything is gathered, which lets the safetensors header be written first.
+before anything is gathered, which lets the safetensors header be written first. What is written is a dict of
+`WeightSource`s: the model's own state dict, or tensors computed from it one at a time (LoRA merged into its
+base weights, `lora.merged_weights`).
 DCP's `HuggingFaceStorageWriter` with consolidation was not used: it needs every rank's files on
 one filesystem (it cannot write to s3://, nor across nodes without a shared volume).
 """
@@ -17,7 +19,9 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
+from functools import partial
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import pyarrow.fs as pafs
 import torch
@@ -35,8 +39,8 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def export_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
-    return dtype if tensor.is_floating_point() else tensor.dtype
+def export_dtype(stored: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    return dtype if stored.is_floating_point else stored
 
 
 def plan_files(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_file_bytes: int = MAX_FILE_BYTES
@@ -83,14 +87,28 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
 
 
-def write_weights(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, dtype: torch.dtype,
-                  max_file_bytes: int = MAX_FILE_BYTES) -> list[str]:
-    """Stream the model's weights (floating ones cast to `dtype`) into safetensors files under `out_dir` on
-    rank 0. Every rank calls it. Tied parameters are written once, as transformers does."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+class WeightSource(NamedTuple):
+    """One exported tensor: its shape and stored dtype up front, and `full()`, which returns the whole tensor
+    on the CPU (a collective when it is gathered from shards: every rank calls it, in the same order)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    full: Callable[[], torch.Tensor]
+
+
+def model_weights(model: torch.nn.Module) -> dict[str, WeightSource]:
+    """The model's own state dict as export sources; tied parameters once, as transformers writes them."""
     aliases = tied_aliases(model)
-    state = {name: t for name, t in model.state_dict().items() if name not in aliases}
-    entries = [(name, tuple(t.shape), export_dtype(t, dtype)) for name, t in state.items()]
+    return {name: WeightSource(tuple(t.shape), t.dtype, partial(full_tensor, t))
+            for name, t in model.state_dict().items() if name not in aliases}
+
+
+def write_weights(fs: pafs.FileSystem, out_dir: str, weights: dict[str, WeightSource], dtype: torch.dtype,
+                  max_file_bytes: int = MAX_FILE_BYTES) -> list[str]:
+    """Stream `weights` (floating ones cast to `dtype`) into safetensors files under `out_dir` on rank 0.
+    Every rank calls it."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    entries = [(name, source.shape, export_dtype(source.dtype, dtype)) for name, source in weights.items()]
     files = plan_files(entries, max_file_bytes)
     names = file_names(len(files))
     if rank == 0:
@@ -100,7 +118,7 @@ def write_weights(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, dty
         if out is not None:
             out.write(safetensors_header(file_entries))
         for name, _, entry_dtype in file_entries:
-            tensor = full_tensor(state[name]).to(entry_dtype).contiguous()
+            tensor = weights[name].full().to(entry_dtype).contiguous()
             if out is not None:
                 out.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
             del tensor
@@ -134,8 +152,10 @@ def write_metadata(fs: pafs.FileSystem, out_dir: str, config, tokenizer, dtype: 
 
 
 def export_hf(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, config, tokenizer, dtype: torch.dtype,
-              source_dir: str | None = None, max_file_bytes: int = MAX_FILE_BYTES) -> None:
-    """Write the `from_pretrained`-loadable export of a (sharded) model. A collective: every rank calls it."""
-    write_weights(fs, out_dir, model, dtype, max_file_bytes)
+              source_dir: str | None = None, max_file_bytes: int = MAX_FILE_BYTES,
+              weights: dict[str, WeightSource] | None = None) -> None:
+    """Write the `from_pretrained`-loadable export of a (sharded) model, or of `weights` computed from it
+    (LoRA merged into the base). A collective: every rank calls it."""
+    write_weights(fs, out_dir, model_weights(model) if weights is None else weights, dtype, max_file_bytes)
     if not dist.is_initialized() or dist.get_rank() == 0:
         write_metadata(fs, out_dir, config, tokenizer, dtype, source_dir)

@@ -100,10 +100,15 @@ def preflight(spec: JobSpec) -> None:
     for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
         if path is not None:
             datasource.check_schema(datasource.resolve(path, name), spec.data.format, spec.data.columns)
-    limit = max_positions(_model_config(spec))
+    model_config = _model_config(spec)
+    limit = max_positions(model_config)
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
+    if spec.model.lora is not None:
+        from trainlift.train import lora
+
+        lora.validate(model_config, spec.model.lora)
     trackers.check(spec)
     check_run_dir(spec)
 

@@ -59,14 +59,17 @@ def sharded_config(model_spec) -> PretrainedConfig:
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
 
 
-def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device) -> torch.nn.Module:
+def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device,
+                 checkpoint_key: weights.CheckpointKey | None = None) -> torch.nn.Module:
     """Give a sharded meta model (`weights.empty_model` then `apply_fsdp`) its weights: from the safetensors
-    files of `path`, else a seeded random init that does not depend on the world size."""
+    files of `path`, else a seeded random init that does not depend on the world size. `checkpoint_key` names
+    each parameter as the base model does (None: a parameter the base model lacks, left for the caller)."""
     weights.materialize_shards(model, device)
+    checkpoint_key = checkpoint_key or weights.same_key
     if model_spec.path is not None:
-        weights.load_safetensors(model, weights.local_model_dir(model_spec.path))
+        weights.load_safetensors(model, weights.local_model_dir(model_spec.path), checkpoint_key)
     else:
-        weights.init_random(model, seed)
+        weights.init_random(model, seed, checkpoint_key)
     return model
 
 

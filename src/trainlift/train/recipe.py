@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, datacache, export, metrics, preflight, trackers, weights
+from trainlift.train import checkpoint, data, datacache, export, lora, metrics, preflight, trackers, weights
 from trainlift.train.loss import token_loss_sum
 from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
 
@@ -188,17 +188,27 @@ class Worker:
 
 
 def build_model(w: Worker):
-    """The model built on the meta device, sharded, then filled; returns (model, its config, FLOPs per token)."""
+    """The model built on the meta device, sharded, then filled; returns (model, its config, FLOPs per token).
+    With model.lora, peft adds the adapters before sharding and freezes the base weights."""
+    lora_section = w.spec.model.lora
     model = weights.empty_model(sharded_config(w.spec.model))
     model_config, fpt = model.config, flops_per_token(model, w.spec.data.seq_len)
+    if lora_section is not None:
+        model = lora.apply(model, lora_section)
+        fpt = lora.flops_per_token(fpt, model)
+        if w.bf16:
+            lora.store_frozen_as(model, torch.bfloat16)
     model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing)
-    fill_weights(model, w.spec.model, w.spec.train.seed, w.device)
+    fill_weights(model, w.spec.model, w.spec.train.seed, w.device, lora.checkpoint_key if lora_section else None)
+    if lora_section is not None:
+        lora.init_adapters(model, w.spec.train.seed)
     return model, model_config, fpt
 
 
 def build_optimizer(model, w: Worker):
     train = w.spec.train
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay,
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay,
                                   betas=(0.9, 0.95), fused=w.device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train.warmup_steps, train.steps,
                                                                        train.min_lr_ratio))
@@ -216,9 +226,9 @@ class RunLog:
         self.peak = metrics.device_peak_flops(w.device)
         self.timed_tokens, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0
 
-    def started(self, step: int, resumed_from: str | None) -> dict:
+    def started(self, step: int, resumed_from: str | None, param_counts: dict[str, int]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
-               "world": self.w.world, "time": time.time()}
+               "world": self.w.world, "time": time.time(), **param_counts}
         self.sink.write(row)  # marks the (re)start for `trainlift report`
         return row
 
@@ -309,6 +319,7 @@ def train_loop_per_worker(config: dict) -> None:
     tokenizer = functools.cache(lambda: load_tokenizer(spec.model))  # the driver built the data cache: load it late
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
     model, model_config, fpt = build_model(w)
+    param_counts = lora.parameter_counts(model)
     optimizer, scheduler = build_optimizer(model, w)
     step, cursor, resumed_from = resume(w.fs, w.run_path, model, optimizer, scheduler, w.rank)
     dist.barrier()
@@ -317,7 +328,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     log = RunLog(w, config.get("board"), step, fpt)
     evaluator = Evaluator(model, eval_data, w, log)
-    start_row = log.started(step, resumed_from)
+    start_row = log.started(step, resumed_from, param_counts)
     initial_eval = evaluator(step) if step == 0 else None
     log.post(start_row)
     step, loss, last_eval = train(w, model, optimizer, scheduler, train_data, step, cursor, evaluator, log,
@@ -327,9 +338,13 @@ def train_loop_per_worker(config: dict) -> None:
     eval_loss = next((loss for loss in (last_eval, initial_eval) if loss is not None), None)
     if finished:
         eval_loss = evaluator(step) if evaluator.batches else eval_loss
-        export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer(),
-                         torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path)
+        if spec.model.lora is not None:
+            lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer())
+        if spec.model.lora is None or spec.export.merge:
+            merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
+            export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer(),
+                             torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path, weights=merged)
     log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
                "eval_loss": eval_loss,
                **log.throughput(step), "world_size": w.world, "resumed_from": resumed_from, "device": w.device.type,
-               "truncated_examples": train_data.truncated})
+               "truncated_examples": train_data.truncated, **param_counts})

@@ -25,6 +25,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from trainlift.errors import SpecError
 
+CheckpointKey = Callable[[str], str | None]  # a model's parameter name -> its name in the base model, or None
+
+
+def same_key(name: str) -> str:
+    return name
+
 
 def empty_model(config: PretrainedConfig) -> torch.nn.Module:
     """The model's structure on the meta device: parameters have shapes and dtypes but no storage."""
@@ -73,10 +79,10 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def load_safetensors(model: torch.nn.Module, model_dir: str | Path,
-                     checkpoint_key: Callable[[str], str] = lambda name: name) -> None:
+def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_key: CheckpointKey = same_key) -> None:
     """Fill the model's (sharded, materialised) parameters and persistent buffers from the HF safetensors files
-    in `model_dir`, converting dtypes on the way. `checkpoint_key` maps a model key to its name in the files."""
+    in `model_dir`, converting dtypes on the way. `checkpoint_key` maps a model key to its name in the files;
+    keys it maps to None (adapters) are not looked for."""
     model_dir = Path(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise SpecError(f"model.path: {model_dir}: no *.safetensors files to load the model from",
@@ -84,7 +90,8 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path,
     reader = HuggingFaceStorageReader(str(model_dir))
     stored = set(reader.read_metadata().state_dict_metadata)
     aliases = tied_aliases(model)
-    wanted = {checkpoint_key(name): tensor for name, tensor in model.state_dict().items() if name not in aliases}
+    wanted = {checkpoint_key(name): tensor for name, tensor in model.state_dict().items()
+              if name not in aliases and checkpoint_key(name) is not None}
     missing = sorted(key for key in wanted if key not in stored)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -94,15 +101,18 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path,
 
 
 @torch.no_grad()
-def init_random(model: torch.nn.Module, seed: int) -> None:
+def init_random(model: torch.nn.Module, seed: int, checkpoint_key: CheckpointKey = same_key) -> None:
     """Random init with the model's own `_init_weights`, identical for a seed whatever the world size: each
     module's full tensors are drawn in a fixed order on every rank, one module at a time, and each rank keeps
-    only its shard of them."""
+    only its shard of them. Modules whose parameters `checkpoint_key` maps to None are skipped, so added
+    modules (adapters) leave the base model's draws as they are without them."""
     generator_state = torch.get_rng_state()
     torch.manual_seed(seed)
     seen: set[int] = set()
-    for module in model.modules():
-        own = {name: p for name, p in module.named_parameters(recurse=False) if id(p) not in seen}
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        own = {name: p for name, p in module.named_parameters(recurse=False)
+               if id(p) not in seen and checkpoint_key(prefix + name) is not None}
         if not own:
             continue
         seen.update(id(p) for p in own.values())
