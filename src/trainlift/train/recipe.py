@@ -311,6 +311,17 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
     return step, loss, eval_loss
 
 
+def export_run(w: Worker, model, model_config, tokenizer) -> None:
+    """<run>/final/ (the merged model with LoRA, unless export.merge is off) and, with LoRA, <run>/adapter/."""
+    spec = w.spec
+    if spec.model.lora is not None:
+        lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer)
+    if spec.model.lora is None or spec.export.merge:
+        merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
+        export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer,
+                         torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path, weights=merged)
+
+
 def train_loop_per_worker(config: dict) -> None:
     spec = JobSpec.model_validate(config["spec"])
     w = Worker.from_context(spec)
@@ -335,15 +346,10 @@ def train_loop_per_worker(config: dict) -> None:
                                   StopRequests(config.get("board"), w.rank), config.get("stop_at_step"))
 
     finished = step >= spec.train.steps
-    eval_loss = next((loss for loss in (last_eval, initial_eval) if loss is not None), None)
+    eval_loss = last_eval if last_eval is not None else initial_eval
     if finished:
         eval_loss = evaluator(step) if evaluator.batches else eval_loss
-        if spec.model.lora is not None:
-            lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer())
-        if spec.model.lora is None or spec.export.merge:
-            merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
-            export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer(),
-                             torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path, weights=merged)
+        export_run(w, model, model_config, tokenizer())
     log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
                "eval_loss": eval_loss,
                **log.throughput(step), "world_size": w.world, "resumed_from": resumed_from, "device": w.device.type,
