@@ -47,6 +47,18 @@ def test_run_writes_metrics_summary_checkpoints_and_export(uninterrupted):
     assert [s for s, _, done in checkpoint.list_checkpoints(checkpoint.pafs.LocalFileSystem(), str(run_dir)) if done] == [3, 6]
 
 
+def test_a_run_starts_no_ray_data_actor(uninterrupted):
+    """Ray Train's DatasetManager actor (Ray Data shards; trainlift passes no datasets) is left out of every run,
+    while the run's own actors (its controller and workers) are there in the same Ray instance's actor list."""
+    import ray
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address  # this instance, not the machine's last `ray start` one
+    classes = {a.class_name for a in list_actors(address=address, limit=10000, raise_on_missing_output=False)}
+    assert {"TrainController", "RayTrainWorker"} <= classes, classes
+    assert "DatasetManager" not in classes, classes
+
+
 def test_export_loads_and_matches_the_trained_weights(uninterrupted, tiny_assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
