@@ -1,6 +1,7 @@
 """The recipe on a real local Ray cluster (CPU, gloo, FSDP2) with a tiny Qwen2 model."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,18 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+ACTORS_OF_THE_RUN: dict[str, Counter] = {}  # actor classes in the Ray instance before and after `uninterrupted`
+
+
+def actor_classes() -> Counter:
+    """How many actors of each class the shared Ray instance has had (live or dead)."""
+    import ray
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address  # this instance, not the machine's last `ray start` one
+    return Counter(a.class_name for a in list_actors(address=address, limit=10000, raise_on_missing_output=False))
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_assets, tmp_path_factory):
     """A 6-step, 2-worker run that checkpoints every 3 steps: the reference the other tests compare to."""
@@ -30,7 +43,9 @@ def uninterrupted(tiny_assets, tmp_path_factory):
         "checkpoint": {"every_steps": 3, "keep": 2},
         "run": {"name": "ref", "storage": str(storage), "max_failures": 0},
     })
+    before = actor_classes()
     summary = run_training(spec)
+    ACTORS_OF_THE_RUN.update(before=before, after=actor_classes())
     return summary, storage / "ref"
 
 
@@ -48,15 +63,11 @@ def test_run_writes_metrics_summary_checkpoints_and_export(uninterrupted):
 
 
 def test_a_run_starts_no_ray_data_actor(uninterrupted):
-    """Ray Train's DatasetManager actor (Ray Data shards; trainlift passes no datasets) is left out of every run,
-    while the run's own actors (its controller and workers) are there in the same Ray instance's actor list."""
-    import ray
-    from ray.util.state import list_actors
-
-    address = ray.get_runtime_context().gcs_address  # this instance, not the machine's last `ray start` one
-    classes = {a.class_name for a in list_actors(address=address, limit=10000, raise_on_missing_output=False)}
-    assert {"TrainController", "RayTrainWorker"} <= classes, classes
-    assert "DatasetManager" not in classes, classes
+    """Ray Train's DatasetManager actor (Ray Data shards; trainlift passes no datasets) is left out of a run, while
+    the run's own actors (its controller and two workers) show up in the same Ray instance's actor list."""
+    new = ACTORS_OF_THE_RUN["after"] - ACTORS_OF_THE_RUN["before"]
+    assert new["TrainController"] == 1 and new["RayTrainWorker"] == 2, new
+    assert new["DatasetManager"] == 0, new
 
 
 def test_export_loads_and_matches_the_trained_weights(uninterrupted, tiny_assets):

@@ -206,7 +206,8 @@ def run_fabric(
     """Run the sweep with a TorchTrainer on the connected (or a new local) Ray cluster."""
     import ray
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+
+    from trainlift.train.raytrainer import torch_trainer_class
 
     if workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -225,7 +226,7 @@ def run_fabric(
         "nccl_log_prefix": log_prefix, "sink": sink,
     }
     with tempfile.TemporaryDirectory(prefix="trainlift-fabric-") as storage:
-        trainer = TorchTrainer(
+        trainer = torch_trainer_class()(
             bench_worker,
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
