@@ -48,20 +48,26 @@ def tiny_assets(tmp_path_factory):
     return root
 
 
-@pytest.fixture
-def tiny_spec(tiny_assets, tmp_path):
-    """A job spec for the tiny model: returns a function taking dotted overrides."""
+@pytest.fixture(scope="session")
+def tiny_spec_at(tiny_assets):
+    """A job spec for the tiny model with its run under a given storage: `tiny_spec_at(storage, *overrides)`."""
     from trainlift.config.job import apply_overrides, validate_job_spec
 
-    def make(*overrides: str):
+    def make(storage, *overrides: str):
         raw = {
             "model": {"path": str(tiny_assets / "model")},
             "data": {"train": str(tiny_assets / "train.jsonl"), "eval": str(tiny_assets / "eval.jsonl"), "seq_len": 64},
             "train": {"steps": 6, "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "seed": 0},
             "scaling": {"workers": 2},
             "checkpoint": {"every_steps": 3, "keep": 2},
-            "run": {"name": "run", "storage": str(tmp_path / "runs"), "max_failures": 0},
+            "run": {"name": "run", "storage": str(storage), "max_failures": 0},
         }
         return validate_job_spec(apply_overrides(raw, overrides))
 
     return make
+
+
+@pytest.fixture
+def tiny_spec(tiny_spec_at, tmp_path):
+    """A job spec for the tiny model, its run under tmp_path: returns a function taking dotted overrides."""
+    return lambda *overrides: tiny_spec_at(tmp_path / "runs", *overrides)

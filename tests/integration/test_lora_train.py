@@ -27,24 +27,10 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def job_spec(tiny_assets, storage: Path, name: str, *overrides: str):
-    from trainlift.config.job import apply_overrides, validate_job_spec
-
-    raw = {
-        "model": {"path": str(tiny_assets / "model")},
-        "data": {"train": str(tiny_assets / "train.jsonl"), "eval": str(tiny_assets / "eval.jsonl"), "seq_len": 64},
-        "train": {"steps": 6, "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "seed": 0},
-        "scaling": {"workers": 2},
-        "checkpoint": {"every_steps": 3, "keep": 2},
-        "run": {"name": name, "storage": str(storage), "max_failures": 0},
-    }
-    return validate_job_spec(apply_overrides(raw, (*LORA, *overrides)))
-
-
 @pytest.fixture(scope="module")
-def lora_run(tiny_assets, tmp_path_factory):
+def lora_run(tiny_spec_at, tmp_path_factory):
     storage = tmp_path_factory.mktemp("lora")
-    return run_training(job_spec(tiny_assets, storage, "lora")), storage / "lora"
+    return run_training(tiny_spec_at(storage, *LORA, "run.name=lora")), storage / "lora"
 
 
 def test_lora_run_checkpoints_only_adapters_and_leaves_base_weights_bit_identical(lora_run, tiny_assets):
@@ -104,7 +90,7 @@ def test_adapter_loads_with_peft_and_matches_the_merged_export(lora_run, tiny_as
         assert not torch.allclose(adapted_logits, plain(batch).logits, atol=1e-3)
 
 
-def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the_losses(lora_run, tiny_assets,
+def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the_losses(lora_run, tiny_spec_at,
                                                                                           tmp_path):
     """Real: DCP resharding 2 -> 1 of an adapter-only checkpoint read from storage, base weights read again from
     model.path. The step-3 checkpoint of the 2-worker run, resumed on 1 worker with grad_accum 2 (the same global
@@ -113,7 +99,8 @@ def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the
     _, ref_dir = lora_run
     run_dir = tmp_path / "resume"
     shutil.copytree(ref_dir / "checkpoint_00000003", run_dir / "checkpoint_00000003")
-    spec = job_spec(tiny_assets, tmp_path, "resume", "scaling.workers=1", "train.grad_accum=2", "export.merge=false")
+    spec = tiny_spec_at(tmp_path, *LORA, "run.name=resume", "scaling.workers=1", "train.grad_accum=2",
+                        "export.merge=false")
     summary = run_training(spec)
     assert summary["finished"] and summary["world_size"] == 1
     assert summary["resumed_from"].endswith("checkpoint_00000003")
@@ -124,7 +111,7 @@ def test_resume_on_one_worker_from_a_two_worker_adapter_checkpoint_continues_the
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists() and not (run_dir / "final").exists()
 
 
-def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_assets, tmp_path):
+def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_spec_at, tmp_path):
     """Real: the recipe's `build_model` (meta, peft, FSDP2 on 2 Ray Train workers, sharded load, adapter init) and
     its gradient accumulation, against peft on transformers' from_pretrained in this process on the whole global
     batch. The initial adapters are equal bit for bit (the init does not depend on the world size); the loss
@@ -137,7 +124,7 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_as
     from trainlift.train.model import load_tokenizer
     from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
 
-    spec = job_spec(tiny_assets, tmp_path, "grads", "train.grad_accum=2")
+    spec = tiny_spec_at(tmp_path, *LORA, "run.name=grads", "train.grad_accum=2")
     out = tmp_path / "lora_grads.pt"
 
     def set_lora_b(model):  # B starts at zero, which would leave A without gradient
