@@ -18,6 +18,10 @@ Variants:
 - match-env+preload: both.
 - no-dataset-actor: a TorchTrainer without Ray Train's DatasetsCallback (no Ray Data datasets are
   passed), which otherwise starts a DatasetManager actor on every (re)start.
+- trainlift: `train.raytrainer.torch_trainer`, what `trainlift train` uses: no dataset actor, and a backend
+  config Ray Train's controller unpickles without importing torch.
+
+`--variants` picks some of them (base always runs: the ratios are against it).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 
 import benchlib as bl
 
-VARIANTS = ("base", "preload", "match-env", "match-env+preload", "no-dataset-actor")
+VARIANTS = ("base", "preload", "match-env", "match-env+preload", "no-dataset-actor", "trainlift")
 
 CHILD = r'''
 import json, os, sys, time
@@ -76,10 +80,16 @@ if variant == "no-dataset-actor":
         def _create_default_callbacks(self):
             return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, DatasetsCallback)]
 
+kwargs = dict(train_loop_config={"marks": marks}, scaling_config=ScalingConfig(num_workers=2),
+              run_config=RunConfig(name=f"knobs-{os.getpid()}", storage_path=os.path.dirname(marks)))
+if variant == "trainlift":
+    from trainlift.train import raytrainer
+
+    trainer = raytrainer.torch_trainer(train_fn, use_gpu=False, **kwargs)
+else:
+    trainer = Trainer(train_fn, torch_config=TorchConfig(backend="gloo"), **kwargs)
 fit_at = time.time()
-Trainer(train_fn, train_loop_config={"marks": marks}, scaling_config=ScalingConfig(num_workers=2),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=f"knobs-{os.getpid()}", storage_path=os.path.dirname(marks))).fit()
+trainer.fit()
 with open(marks) as fh:
     m = json.load(fh)
 print(json.dumps({"to_entry_s": m["entered"] - fit_at, "prestarted": m["created"] < fit_at}))
@@ -101,21 +111,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--settle", type=float, default=8.0)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     bl.add_common_args(parser)
     args = parser.parse_args()
     bl.configure(args)
+    variants = ("base", *(v for v in VARIANTS if v in args.variants and v != "base"))
     work = tempfile.mkdtemp(prefix="trainlift-knobs-")
-    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    results: dict[str, list[dict]] = {v: [] for v in variants}
     loads = []
     for round_ in range(args.rounds):
-        order = VARIANTS[round_ % len(VARIANTS):] + VARIANTS[:round_ % len(VARIANTS)]
+        order = variants[round_ % len(variants):] + variants[:round_ % len(variants)]
         for variant in order:
             loads.append(bl.wait_for_quiet())
             results[variant].append(run_variant(variant, args.settle, work))
             print(variant, results[variant][-1], file=sys.stderr, flush=True)
     base = bl.median([r["to_entry_s"] for r in results["base"]])
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         times = [r["to_entry_s"] for r in results[variant]]
         rows.append([variant, f"{bl.median(times):.2f}", " ".join(f"{t:.1f}" for t in times),
                      f"{bl.median(times) / base:.2f}", " ".join("yes" if r["prestarted"] else "no" for r in results[variant])])

@@ -207,7 +207,7 @@ def run_fabric(
     import ray
     from ray.train import RunConfig, ScalingConfig
 
-    from trainlift.train.raytrainer import torch_trainer_class
+    from trainlift.train.raytrainer import torch_trainer
 
     if workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -226,8 +226,9 @@ def run_fabric(
         "nccl_log_prefix": log_prefix, "sink": sink,
     }
     with tempfile.TemporaryDirectory(prefix="trainlift-fabric-") as storage:
-        trainer = torch_trainer_class()(
+        trainer = torch_trainer(
             bench_worker,
+            use_gpu=use_gpu,
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
             run_config=RunConfig(name=f"fabric-{run_id}", storage_path=storage, worker_runtime_env={"env_vars": env}),

@@ -22,7 +22,7 @@ from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
-from trainlift.train import datacache, datasource, failures, raytrainer, trackers
+from trainlift.train import datacache, datasource, failures, trackers
 from trainlift.train.model import build_config, materialize, max_positions
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
@@ -284,8 +284,8 @@ def run_training(
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
-    from ray.train.torch import TorchConfig
 
+    from trainlift.train import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
     from trainlift.train.recipe import train_loop_per_worker
 
     started_at = time.time()
@@ -308,13 +308,13 @@ def run_training(
         board = _progress_board()
         poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
         poller.start()
-        trainer = raytrainer.torch_trainer_class()(
+        trainer = raytrainer.torch_trainer(
             train_loop_per_worker,
+            use_gpu=use_gpu,
             train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
                                "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix,
                                "data_cache": data_cache},
             scaling_config=scaling,
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=RunConfig(
                 name=spec.run.name,
                 storage_path=spec.run.storage,
