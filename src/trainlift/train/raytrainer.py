@@ -8,12 +8,12 @@
   the callback class moved, this is the plain TorchTrainer.
 - Ray Train unpickles the backend config in its controller, a fresh process on every run.
   `ray.train.torch.TorchConfig` lives in a module that imports torch, so each start waited for the
-  controller to import torch (ready 4.4 s after `fit()` on 2 cores, 1.6 s without torch; with the dataset
-  actor left out too, `fit()` reaches the train function in 0.67x Ray's plain TorchTrainer's time, benchmark
-  13) before it created anything else. `TorchBackendConfig`
-  and `TorchBackend` hold only names: every step runs Ray's own function from `ray.train.torch.config`
-  on the workers (which import torch anyway), in the order Ray's `_TorchBackend` runs them. Where a Ray
-  release renames those functions, this is Ray's TorchConfig.
+  controller to import torch before it created anything else (ready 4.4 s after `fit()` on 2 cores,
+  1.6 s without torch). `TorchBackendConfig` and `TorchBackend` hold only names: every step runs Ray's
+  own function from `ray.train.torch.config` on the workers (which import torch anyway), in the order
+  Ray's `_TorchBackend` runs them. Where a Ray release renames those functions, this is Ray's
+  TorchConfig. With both, `fit()` reaches the train function in 0.67x Ray's plain TorchTrainer's time
+  (benchmark 13).
 
 This module imports neither torch nor `ray.train.torch` at import time: the controller imports it.
 """
