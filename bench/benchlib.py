@@ -114,7 +114,7 @@ def periods(times: list[float]) -> list[float]:
 def prebuilt_model(workdir: Path) -> str:
     """The demo model built once from its config, so no measured run pays for building it."""
     from trainlift.config.job import load_job_spec
-    from trainlift.train.model import materialize
+    from trainlift.train.model.build import materialize
 
     spec = load_job_spec(REPO / DEMO_SPEC)
     path = workdir / "tiny-base"

@@ -49,8 +49,10 @@ def worker(rank: int, world: int, port: int, model_path: str, interval: int, sav
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from trainlift.config.job import load_job_spec
-    from trainlift.train import checkpoint, data, recipe
-    from trainlift.train.model import apply_fsdp, load_model, load_tokenizer
+    from trainlift.train import recipe
+    from trainlift.train.data import examples as data
+    from trainlift.train.run import checkpoint
+    from trainlift.train.model.build import apply_fsdp, load_model, load_tokenizer
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ckpt_group = dist.new_group(backend="gloo")

@@ -23,8 +23,9 @@ def pipeline(seconds: float, world: int = 2, rank: int = 0) -> dict:
 
     torch.set_num_threads(1)
     from trainlift.config.job import load_job_spec
-    from trainlift.train import data, recipe
-    from trainlift.train.model import load_tokenizer
+    from trainlift.train import recipe
+    from trainlift.train.data import examples as data
+    from trainlift.train.model.build import load_tokenizer
 
     spec = load_job_spec(bl.REPO / bl.DEMO_SPEC)
     tokenizer = load_tokenizer(spec.model.model_copy(update={"tokenizer": str(bl.REPO / spec.model.tokenizer)}))

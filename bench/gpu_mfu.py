@@ -57,7 +57,7 @@ def build(config, device, bf16: bool, ac: bool, compiled: bool, seq: int):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
-    from trainlift.train.model import apply_fsdp, flops_per_token
+    from trainlift.train.model.build import apply_fsdp, flops_per_token
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -140,7 +140,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from trainlift.catalog import peak_flops_for_device_name
-    from trainlift.train.model import build_config
+    from trainlift.train.model.build import build_config
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

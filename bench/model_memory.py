@@ -80,7 +80,7 @@ def old_load(model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainlift.train.model import apply_fsdp
+    from trainlift.train.model.build import apply_fsdp
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return apply_fsdp(model, torch.device("cpu"), bf16=False, activation_checkpointing=False)
@@ -90,8 +90,8 @@ def new_load(model_dir: str):
     import torch
 
     from trainlift.config.job import ModelSection
-    from trainlift.train import weights
-    from trainlift.train.model import apply_fsdp, fill_weights, sharded_config
+    from trainlift.train.model import weights
+    from trainlift.train.model.build import apply_fsdp, fill_weights, sharded_config
 
     spec = ModelSection(path=model_dir)
     model = apply_fsdp(weights.empty_model(sharded_config(spec)), torch.device("cpu"), False, False)
@@ -115,7 +115,7 @@ def new_export(model, out_dir: str, rank: int) -> None:
     import pyarrow.fs as pafs
     import torch
 
-    from trainlift.train.export import model_weights, write_weights
+    from trainlift.train.model.export import model_weights, write_weights
 
     write_weights(pafs.LocalFileSystem(), out_dir, model_weights(model), torch.float32)
 
@@ -134,8 +134,8 @@ def worker(args) -> None:
     import transformers  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    import trainlift.train.model  # noqa: F401
-    import trainlift.train.weights  # noqa: F401
+    import trainlift.train.model.build  # noqa: F401
+    import trainlift.train.model.weights  # noqa: F401
     dist.barrier()
     with PhasePeak() as load_peak:
         model = loader(args.model_dir)
@@ -160,8 +160,8 @@ def loss_worker(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainlift.train.loss import plain_token_loss_sum, token_loss_sum
-    from trainlift.train.model import build_config
+    from trainlift.train.model.loss import plain_token_loss_sum, token_loss_sum
+    from trainlift.train.model.build import build_config
 
     torch.manual_seed(0)
     config = build_config(LOSS_MODEL)
@@ -187,7 +187,7 @@ def build_model(workdir: Path) -> tuple[str, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainlift.train.model import build_config
+    from trainlift.train.model.build import build_config
 
     path = workdir / "llama-134m-bf16"
     if not (path / "config.json").exists():

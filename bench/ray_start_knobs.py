@@ -83,7 +83,7 @@ if variant == "no-dataset-actor":
 kwargs = dict(train_loop_config={"marks": marks}, scaling_config=ScalingConfig(num_workers=2),
               run_config=RunConfig(name=f"knobs-{os.getpid()}", storage_path=os.path.dirname(marks)))
 if variant == "trainlift":
-    from trainlift.train import raytrainer
+    from trainlift.train.run import raytrainer
 
     trainer = raytrainer.torch_trainer(train_fn, use_gpu=False, **kwargs)
 else:

@@ -20,10 +20,10 @@ import benchlib as bl
 
 TARGET = 1.05
 IMPORT_PROBES = {
-    "torch + transformers + trainlift.train.data (what a torchrun worker imports)":
-        "import torch, transformers, trainlift.train.data, trainlift.train.model",
+    "torch + transformers + trainlift.train.data.examples (what a torchrun worker imports)":
+        "import torch, transformers, trainlift.train.data.examples, trainlift.train.model.build",
     "+ ray, ray.train.torch, trainlift.train.recipe (what a Ray Train worker imports)":
-        "import torch, transformers, trainlift.train.data, trainlift.train.model, ray, ray.train.torch, "
+        "import torch, transformers, trainlift.train.data.examples, trainlift.train.model.build, ray, ray.train.torch, "
         "trainlift.train.recipe",
 }
 
@@ -68,7 +68,7 @@ def sink_cost_us(trackers: list[str], rows: int = 2000) -> tuple[float, float]:
     import pyarrow.fs as pafs
 
     from trainlift.config.job import validate_job_spec
-    from trainlift.train import trackers as tracking
+    from trainlift.train.run import trackers as tracking
 
     root = tempfile.mkdtemp(prefix="trainlift-bench-sink-")
     spec = validate_job_spec({"model": {"path": "m"}, "data": {"train": "t.jsonl"},

@@ -26,8 +26,8 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainlift.config.job import load_job_spec
-from trainlift.train import data
-from trainlift.train.model import decoder_layers, materialize
+from trainlift.train.data import examples as data
+from trainlift.train.model.build import decoder_layers, materialize
 
 
 def main() -> None:

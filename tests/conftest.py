@@ -36,7 +36,7 @@ TINY_CONFIG = {
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     """A small slice of the demo data and a tiny Qwen2 model saved with save_pretrained."""
-    from trainlift.train.model import materialize
+    from trainlift.train.model.build import materialize
 
     root = tmp_path_factory.mktemp("tiny")
     for split, n in (("train", 240), ("eval", 40)):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from trainlift.errors import UsageError
-from trainlift.train.data import chat_prompt, read_jsonl
+from trainlift.train.data.examples import chat_prompt, read_jsonl
 
 
 def _prompt_and_answer(row: dict, tokenizer) -> tuple[str, str, str]:

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from trainlift.train import checkpoint
-from trainlift.train.model import apply_fsdp
+from trainlift.train.run import checkpoint
+from trainlift.train.model.build import apply_fsdp
 
 
 def fresh(model_dir: str):

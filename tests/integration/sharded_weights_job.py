@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import ModelSection
-from trainlift.train import export, weights
-from trainlift.train.loss import token_loss_sum
-from trainlift.train.model import apply_fsdp, fill_weights, sharded_config
+from trainlift.train.model import export, weights
+from trainlift.train.model.loss import token_loss_sum
+from trainlift.train.model.build import apply_fsdp, fill_weights, sharded_config
 
 LOSS_CHUNK_ELEMENTS = 2048  # 7 tokens per chunk at the tiny tokenizer's 282-token vocabulary: several per row
 RANDOM_INIT_CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

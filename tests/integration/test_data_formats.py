@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trainlift.config.job import validate_job_spec
-from trainlift.train import data, datacache
+from trainlift.train.data import cache as datacache, examples as data
 from trainlift.train.launch import run_training
 
 h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server

@@ -12,8 +12,8 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from trainlift.train import data
-    from trainlift.train.model import load_model, load_tokenizer
+    from trainlift.train.data import examples as data
+    from trainlift.train.model.build import load_model, load_tokenizer
     from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
 
     spec = tiny_spec("train.grad_accum=2")
@@ -24,7 +24,7 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
         import ray.train.torch
 
         from trainlift.config.job import JobSpec
-        from trainlift.train.model import apply_fsdp
+        from trainlift.train.model.build import apply_fsdp
         from trainlift.train.recipe import accumulate_gradients
 
         job = JobSpec.model_validate(config["spec"])

@@ -120,15 +120,16 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
     from ray.train.torch import TorchTrainer
     from transformers import AutoModelForCausalLM
 
-    from trainlift.train import data, lora
-    from trainlift.train.model import load_tokenizer
+    from trainlift.train.data import examples as data
+    from trainlift.train.model import lora
+    from trainlift.train.model.build import load_tokenizer
     from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
 
     spec = tiny_spec_at(tmp_path, *LORA, "run.name=grads", "train.grad_accum=2")
     out = tmp_path / "lora_grads.pt"
 
     def set_lora_b(model):  # B starts at zero, which would leave A without gradient
-        from trainlift.train.weights import copy_shard
+        from trainlift.train.model.weights import copy_shard
 
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -140,7 +141,7 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
         import ray.train.torch
 
         from trainlift.config.job import JobSpec
-        from trainlift.train import export
+        from trainlift.train.model import export
         from trainlift.train.recipe import Worker, accumulate_gradients, build_model
 
         job = JobSpec.model_validate(config["spec"])

@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from trainlift.config.job import validate_job_spec
-from trainlift.train import trackers
+from trainlift.train.run import trackers
 
 h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
 BUCKET = "trainlift-observe"

@@ -21,7 +21,7 @@ GENERATION = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_toke
 def save_model(path, model_type: str, tied: bool, dtype: torch.dtype) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trainlift.train.model import build_config
+    from trainlift.train.model.build import build_config
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     torch.manual_seed(1)
@@ -88,8 +88,8 @@ def test_random_init_from_config_is_the_same_on_two_ranks_as_on_one(job):
     """World size 1 here (no process group: the shard is the whole tensor) against world size 2 in the job."""
     from transformers import AutoTokenizer
 
-    from trainlift.train import weights
-    from trainlift.train.model import build_config
+    from trainlift.train.model import weights
+    from trainlift.train.model.build import build_config
 
     sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
     from sharded_weights_job import RANDOM_INIT_CONFIG
@@ -111,7 +111,7 @@ def test_random_init_from_config_is_the_same_on_two_ranks_as_on_one(job):
 def test_chunked_loss_on_sharded_model_matches_plain_loss_and_gradients(job):
     """Chunked (7 tokens per chunk, under FSDP on 2 ranks) vs the plain full-logits loss in one process.
     Tolerance: rtol 1e-5, atol 1e-6 (fp32; only the summation order differs)."""
-    from trainlift.train.loss import plain_token_loss_sum
+    from trainlift.train.model.loss import plain_token_loss_sum
 
     model = from_pretrained(job["root"] / "llama-untied")
     batch = job["batch"]

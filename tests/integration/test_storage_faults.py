@@ -321,7 +321,7 @@ def test_shard_upload_rejected_is_not_marked_complete_and_the_run_recovers(job):
 def test_mark_complete_refuses_a_checkpoint_missing_a_file(tmp_path):
     import pyarrow.fs as pafs
 
-    from trainlift.train import checkpoint
+    from trainlift.train.run import checkpoint
 
     fs, path = pafs.LocalFileSystem(), str(tmp_path / "checkpoint_00000004")
     os.makedirs(path)

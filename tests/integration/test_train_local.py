@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlift.train import checkpoint
+from trainlift.train.run import checkpoint
 from trainlift.train.launch import run_training
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from trainlift.train import checkpoint
+from trainlift.train.run import checkpoint
 from trainlift.train.launch import run_training
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]

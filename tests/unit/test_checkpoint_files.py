@@ -2,7 +2,7 @@
 
 import pyarrow.fs as pafs
 
-from trainlift.train import checkpoint
+from trainlift.train.run import checkpoint
 
 FS = pafs.LocalFileSystem()
 SHARDS = (".metadata", "__0_0.distcp", "__1_0.distcp", checkpoint.TRAINER_STATE, "rng_rank0.pt", "rng_rank1.pt")

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trainlift.errors import UsageError
-from trainlift.train import data
+from trainlift.train.data import examples as data
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = {"messages": [{"role": "user", "content": "reverse abc"}, {"role": "assistant", "content": "cba"}]}

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trainlift.config.job import validate_job_spec
-from trainlift.train import data, datacache
+from trainlift.train.data import cache as datacache, examples as data
 
 REPO = Path(__file__).resolve().parents[2]
 

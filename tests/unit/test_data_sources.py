@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from trainlift.config.job import validate_job_spec
 from trainlift.errors import SpecError, UsageError
-from trainlift.train import data, datasource
+from trainlift.train.data import examples as data, source as datasource
 
 REPO = Path(__file__).resolve().parents[2]
 PAIRS = [{"prompt": f"add {i} {i + 1} =", "completion": f" {2 * i + 1}"} for i in range(30)]

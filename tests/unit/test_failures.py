@@ -2,7 +2,7 @@
 integration tests (a lost node in test_lost_host.py, a stopped S3 server in test_storage_faults.py)."""
 
 from trainlift.config.job import validate_job_spec
-from trainlift.train.failures import explain
+from trainlift.train.run.failures import explain
 
 START_TIMEOUT = ("The worker group startup timed out after 10.0 seconds waiting for 2 workers. Potential causes "
                  "include: (1) temporary insufficient cluster resources while waiting for autoscaling")

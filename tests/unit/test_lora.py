@@ -7,7 +7,7 @@ import torch
 
 from trainlift.config.job import validate_job_spec
 from trainlift.errors import SpecError
-from trainlift.train import lora
+from trainlift.train.model import lora
 
 TINY = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 96, "tie_word_embeddings": True}
@@ -148,7 +148,7 @@ def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed():
 def test_random_init_of_an_adapted_model_draws_the_base_weights_as_without_adapters():
     """model.config with model.lora: `weights.init_random` skips the adapter modules, so the base weights are the
     ones the same seed gives without LoRA."""
-    from trainlift.train import weights
+    from trainlift.train.model import weights
 
     plain = qwen2("meta").to_empty(device="cpu")
     weights.init_random(plain, 7)

@@ -11,7 +11,7 @@ import torch
 
 def test_chunked_loss_equals_plain_loss_and_gradients_over_many_chunks():
     """Tolerance: rtol 1e-5, atol 1e-6 (fp32; only the summation order differs)."""
-    from trainlift.train.loss import chunked_token_loss_sum, plain_token_loss_sum
+    from trainlift.train.model.loss import chunked_token_loss_sum, plain_token_loss_sum
 
     generator = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(16, 1000, bias=True)
@@ -42,7 +42,7 @@ def tiny_llama():
 def test_streamed_files_hold_every_weight_once_in_the_export_dtype(tmp_path):
     from safetensors.torch import load_file
 
-    from trainlift.train.export import INDEX, model_weights, write_weights
+    from trainlift.train.model.export import INDEX, model_weights, write_weights
 
     model = tiny_llama()
     names = write_weights(pafs.LocalFileSystem(), str(tmp_path), model_weights(model), torch.bfloat16, max_file_bytes=2048)
@@ -61,7 +61,7 @@ def test_streamed_files_hold_every_weight_once_in_the_export_dtype(tmp_path):
 
 def test_loading_from_a_directory_without_safetensors_names_the_field(tmp_path):
     from trainlift.errors import SpecError
-    from trainlift.train.weights import load_safetensors
+    from trainlift.train.model.weights import load_safetensors
 
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(SpecError, match=r"^model.path: .*no \*\.safetensors files") as caught:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from trainlift.train.model import decoder_layers, flops_per_token
+from trainlift.train.model.build import decoder_layers, flops_per_token
 from trainlift.train.recipe import lr_lambda
 
 QWEN25_15B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -35,7 +35,7 @@ def test_lr_warms_up_then_decays_to_the_floor():
 
 def test_packed_examples_do_not_attend_to_each_other():
     """The loss of a packed row equals the sum of its examples' losses computed one by one."""
-    from trainlift.train import data
+    from trainlift.train.data import examples as data
     from trainlift.train.recipe import token_loss_sum
 
     torch.manual_seed(0)

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainlift.train import data
-from trainlift.train.model import apply_fsdp, decoder_layers, load_model
+from trainlift.train.data import examples as data
+from trainlift.train.model.build import apply_fsdp, decoder_layers, load_model
 from trainlift.train.recipe import token_loss_sum
 
 

@@ -6,7 +6,7 @@ import sys
 import ray.cloudpickle as cloudpickle
 from ray.train.torch import TorchConfig
 
-from trainlift.train import raytrainer
+from trainlift.train.run import raytrainer
 
 # What the controller does with the config: unpickle it and ask for its backend, framework and train-function context.
 CONTROLLER = """

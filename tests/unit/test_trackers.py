@@ -9,7 +9,7 @@ import pytest
 
 from trainlift.config.job import validate_job_spec
 from trainlift.errors import SpecError
-from trainlift.train import trackers
+from trainlift.train.run import trackers
 
 
 def spec_for(tmp_path, **run):
@@ -86,7 +86,7 @@ def test_a_restart_that_repeats_steps_logs_each_step_once(tmp_path, monkeypatch)
 
 
 def test_a_failing_tracker_is_dropped_with_one_warning_and_metrics_jsonl_keeps_every_row(tmp_path, capsys):
-    from trainlift.train import metrics
+    from trainlift.train.run import metrics
 
     class Broken:
         def log(self, row):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainlift.train.preflight import PreflightError, check_transport
+from trainlift.train.run.preflight import PreflightError, check_transport
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_logs"
 

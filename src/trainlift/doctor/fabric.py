@@ -207,7 +207,7 @@ def run_fabric(
     import ray
     from ray.train import RunConfig, ScalingConfig
 
-    from trainlift.train.raytrainer import torch_trainer
+    from trainlift.train.run.raytrainer import torch_trainer
 
     if workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -237,7 +237,7 @@ def run_fabric(
             trainer.fit()
             metrics = ray.get(sink.get.remote())
         except Exception as exc:  # Ray wraps worker failures in its own error types
-            from trainlift.train.failures import root_cause
+            from trainlift.train.run.failures import root_cause
 
             raise TrainliftError(f"the fabric run failed: {root_cause(exc)}",
                                  hint="rerun with --debug for the traceback") from exc

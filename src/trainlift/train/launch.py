@@ -22,8 +22,9 @@ from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray
-from trainlift.train import datacache, datasource, failures, trackers
-from trainlift.train.model import build_config, materialize, max_positions
+from trainlift.train.data import cache as datacache, source as datasource
+from trainlift.train.model.build import build_config, materialize, max_positions
+from trainlift.train.run import failures, trackers
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
@@ -106,7 +107,7 @@ def preflight(spec: JobSpec) -> None:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
     if spec.model.lora is not None:
-        from trainlift.train import lora
+        from trainlift.train.model import lora
 
         lora.validate(model_config, spec.model.lora)
     trackers.check(spec)
@@ -138,7 +139,7 @@ def prepare_model(spec: JobSpec) -> None:
 
 def prepare_data(spec: JobSpec) -> dict[str, dict]:
     """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there)."""
-    from trainlift.train.model import load_tokenizer
+    from trainlift.train.model.build import load_tokenizer
 
     return datacache.prepare_splits(spec, load_tokenizer(spec.model))
 
@@ -285,7 +286,7 @@ def run_training(
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
 
-    from trainlift.train import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
+    from trainlift.train.run import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
     from trainlift.train.recipe import train_loop_per_worker
 
     started_at = time.time()

@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.train import checkpoint, data, datacache, export, lora, metrics, preflight, trackers, weights
-from trainlift.train.loss import token_loss_sum
-from trainlift.train.model import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
+from trainlift.train.data import cache as datacache, examples as data
+from trainlift.train.model import export, lora, weights
+from trainlift.train.model.build import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
+from trainlift.train.model.loss import token_loss_sum
+from trainlift.train.run import checkpoint, metrics, preflight, trackers
 
 
 BOARD_POST_INTERVAL_S = 0.5  # the driver reads the board this often; posting every step only costs CPU

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from trainlift.train import weights
+from trainlift.train.model import weights
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:

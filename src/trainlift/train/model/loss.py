@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainlift.train.data import IGNORE
+from trainlift.train.data.examples import IGNORE
 
 CHUNK_ELEMENTS = 2**25  # logits per chunk: 128 MiB in fp32
 

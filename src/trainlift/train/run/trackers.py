@@ -26,7 +26,7 @@ import yaml
 
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError, UsageError
-from trainlift.train import metrics
+from trainlift.train.run import metrics
 
 FLUSH_INTERVAL_S = 30.0
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",

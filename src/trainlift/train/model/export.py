@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from trainlift.train.weights import tied_aliases
+from trainlift.train.model.weights import tied_aliases
 
 MAX_FILE_BYTES = 5 * 1024**3
 INDEX = "model.safetensors.index.json"

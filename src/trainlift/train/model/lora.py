@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from trainlift.config.job import LoraSection
 from trainlift.errors import SpecError, UsageError
-from trainlift.train.export import WeightSource, full_tensor
-from trainlift.train.weights import copy_shard, tied_aliases
+from trainlift.train.model.export import WeightSource, full_tensor
+from trainlift.train.model.weights import copy_shard, tied_aliases
 
 ADAPTER = "default"  # peft's name for the one adapter a run trains
 PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's own parameter names

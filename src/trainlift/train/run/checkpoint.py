@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from trainlift.train.dcp_reader import ArrowReader
+from trainlift.train.model.dcp_reader import ArrowReader
 
 MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"

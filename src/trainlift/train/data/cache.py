@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow.fs as pafs
 
-from trainlift.train import data, datasource
+from trainlift.train.data import examples as data, source as datasource
 
 VERSION = 1
 SHARD_BYTES = 32 << 20

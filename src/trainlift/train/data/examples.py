@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from trainlift.errors import UsageError
-from trainlift.train import datasource
+from trainlift.train.data import source as datasource
 
 IGNORE = -100
 REQUIRED_KEYS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
