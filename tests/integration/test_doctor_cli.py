@@ -59,3 +59,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert sizes.returncode == 2 and "--sizes" in sizes.stderr
     choice = trainlift("doctor", "--expect-fabric", "carrier-pigeon")
     assert choice.returncode == 2
+
+
+def test_nccl_log_table_prints_log_lines_as_written(tmp_path):
+    """Evidence lines are log text, not Rich markup: `[send]` stays, and `:1234:` is not read as an emoji code."""
+    line = "ip-10-0-0-1:1234:1234 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0"
+    log = tmp_path / "run[1].log"
+    log.write_text(line + "\n")
+    proc = subprocess.run([TRAINLIFT, "doctor", "nccl-log", str(log)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    assert line in proc.stdout and "run[1].log: socket" in proc.stdout

@@ -28,6 +28,7 @@ EXPECTED = [
     ("socket_ofi_tcp_provider.log", "socket", False),
     ("ib_gdrdma.log", "ib", True),
     ("ib_init_only.log", "ib", None),
+    ("ib_nccl_plugin_lines.log", "ib", None),
 ]
 
 
@@ -92,6 +93,38 @@ def test_a_plugin_found_after_a_failed_default_load_is_still_efa():
     v = classify_log_text(text)
     assert (v.transport, v.gdrdma) == ("efa", False)
     assert v.streams[0].key == "node-1:0"
+
+
+# The lines NCCL >= 2.23 writes when the AWS plugin is missing or fails (format strings of NVIDIA/nccl
+# src/plugin/plugin_open.cc "%s/Plugin: Could not find:%s%s%s" and src/plugin/net.cc "Failed to initialize NET plugin
+# %s", "Initialized NET plugin %s", "Assigned NET plugin %s to comm", WARN "Failed to initialize any NET plugin"),
+# with the NCCL_NET_PLUGIN name the DLC sets.
+PLUGIN_MISSING = "pod-a:41:41 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net-ofi.so"
+PLUGIN_FAILED = "pod-a:41:41 [0] NCCL INFO Failed to initialize NET plugin Libfabric"
+IB_FAILED = "pod-a:41:41 [0] NCCL INFO Failed to initialize NET plugin IB"
+SOCKET_CHOSEN = ["pod-a:41:41 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.2.3<0>",
+                 "pod-a:41:41 [0] NCCL INFO Initialized NET plugin Socket",
+                 "pod-a:41:41 [0] NCCL INFO Assigned NET plugin Socket to comm"]
+NO_NETWORK = "pod-a:41:41 [0] transport/net.cc:349 NCCL WARN Failed to initialize any NET plugin"
+
+
+def test_a_missing_aws_plugin_then_the_socket_plugin_is_socket_and_quotes_the_missing_plugin():
+    v = classify_log_text("\n".join([PLUGIN_MISSING, IB_FAILED, *SOCKET_CHOSEN]))
+    assert (v.transport, v.gdrdma) == ("socket", False)
+    assert v.evidence[0] == PLUGIN_MISSING and SOCKET_CHOSEN[-1] in v.evidence
+
+
+def test_no_network_plugin_at_all_is_none_with_the_cause():
+    v = classify_log_text("\n".join([PLUGIN_MISSING, PLUGIN_FAILED, NO_NETWORK]))
+    assert (v.transport, v.gdrdma) == ("none", False)
+    assert v.evidence == [PLUGIN_MISSING, PLUGIN_FAILED, NO_NETWORK]
+    assert combine_transports(["efa", "none", "socket"]) == "none"
+
+
+def test_the_assigned_plugin_decides_without_a_using_network_line():
+    lines = ["pod-b:7:7 [0] NCCL INFO Initialized NET plugin Libfabric",
+             "pod-b:7:7 [0] NCCL INFO Assigned NET plugin Libfabric to comm"]
+    assert classify_log_text("\n".join(lines)).transport == "efa"
 
 
 def test_text_without_nccl_lines_is_unknown():

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from trainlift.cli.app import app, console, print_json
 from trainlift.doctor.rules import Finding, has_errors, sort_findings
@@ -110,7 +111,8 @@ def nccl_log(
     expect: Fabric = typer.Option(Fabric.any, "--expect", help="Exit 1 unless every file shows this transport."),
     as_json: bool = typer.Option(False, "--json", help="Print verdicts and evidence as JSON."),
 ) -> None:
-    """Classify the transport NCCL used (efa, ib, socket, unknown), per file and per host:rank."""
+    """Classify the transport NCCL used (efa, ib, socket, none, unknown), per file and per host:rank; `none` means
+    NCCL found no usable network plugin at all (`Failed to initialize any NET plugin`)."""
     from trainlift.doctor.nccl_log import classify_log_text, combine_transports
 
     verdicts = [classify_log_text(_read_log(path), source=str(path)) for path in files]
@@ -124,14 +126,16 @@ def nccl_log(
         })
     else:
         for v in verdicts:
-            table = Table(title=f"{v.source}: {v.transport} (GPUDirect RDMA: {_cell(v.gdrdma)})")
+            # Log lines and file names are shown as written: `[send]` is not markup, `:1234:` not an emoji code.
+            table = Table(title=Text(f"{v.source}: {v.transport} (GPUDirect RDMA: {_cell(v.gdrdma)})"))
             for column in ("process", "transport", "GDRDMA", "evidence"):
                 table.add_column(column)
             for s in v.streams:
-                table.add_row(s.key, s.transport, _cell(s.gdrdma), "\n".join(s.evidence[:3]) or "-")
+                table.add_row(*(Text(cell) for cell in (s.key, s.transport, _cell(s.gdrdma),
+                                                        "\n".join(s.evidence[:3]) or "-")))
             console.print(table)
         for v in mismatched:
-            console.print(f"[bold red]expected {expect.value}, {v.source} shows {v.transport}[/]")
+            console.print(Text(f"expected {expect.value}, {v.source} shows {v.transport}", style="bold red"))
     if mismatched:
         raise typer.Exit(1)
 

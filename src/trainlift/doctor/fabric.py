@@ -286,7 +286,7 @@ def fabric_findings(
         findings.append(Finding("fabric_method", "warning", f"reduce_scatter timed as {EMULATED_RS} (no native op on {result.backend})"))
     if result.nccl_log is not None:
         transport = result.nccl_log.transport
-        if efa_interfaces and transport in ("socket", "unknown"):
+        if efa_interfaces and transport in ("socket", "none", "unknown"):
             findings.append(Finding(
                 "fabric_transport", "error", f"NCCL used {transport} on an EFA instance ({instance_type})",
                 "see the evidence lines: a failed plugin load falls back to sockets",

@@ -7,8 +7,12 @@ Each stream's verdict rests on, in order of strength:
 
 1. channel lines `via NET/<network>/<dev>[/GDRDMA]` (what was connected),
 2. `Using network <name>` (what NCCL chose),
+   (NCCL >= 2.23 also logs `Initialized NET plugin <name>` and `Assigned NET plugin <name> to comm`),
 3. inference from init lines: a selected OFI provider, a failed plugin,
    `NET/IB : Using [...]`, `NET/Socket : Using [...]`.
+
+`Failed to initialize any NET plugin` with nothing chosen means NCCL had no network at all (it stops with
+ncclInvalidUsage, e.g. when NCCL_NET names a plugin that is not installed): transport `none`.
 
 The libfabric network with a provider other than efa (tcp, sockets) counts
 as socket. A file mixing streams reports the weakest: one rank on sockets
@@ -23,8 +27,8 @@ from typing import Any, Iterable
 
 # What a job's NCCL must log for `classify_log_text` to see its transport.
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-TRANSPORTS = ("efa", "ib", "socket", "unknown")
-_WEAKEST_FIRST = ("socket", "ib", "efa")
+TRANSPORTS = ("efa", "ib", "socket", "none", "unknown")
+_WEAKEST_FIRST = ("none", "socket", "ib", "efa")
 MAX_EVIDENCE = 8
 
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?")
@@ -32,12 +36,16 @@ _PREFIX = re.compile(r"(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d+):(?P<tid>\d+) \
 _LAUNCHER_RANK = re.compile(r"^\s*(?:\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|\[(?:rank|default)(?P<tr>\d+)\]:|\[(?P<tag>\d+)\]\s)")
 _COMM_RANK = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (\d+) n[Rr]anks")
 _CHANNEL = re.compile(r"via NET/(?P<net>[^/\s][^/]*)/\d+(?:\(\d+\))?(?P<gdr>/GDRDMA)?")
-_USING_NETWORK = re.compile(r"Using (?:internal )?[Nn]etwork (?P<net>[A-Za-z][\w ]*?)\s*$")
+_USING_NETWORK = re.compile(r"Using (?:internal )?[Nn]etwork (?P<net>[A-Za-z][\w ]*?)\s*$"
+                            r"|(?:Initialized|Assigned) NET plugin (?P<plugin>[A-Za-z][\w ]*?)(?: to comm)?\s*$")
 _PROVIDER = re.compile(r"Selected [Pp]rovider is (?P<prov>[\w;\-]+)")
 _PLUGIN_FAILED = re.compile(
     r"aws-ofi-nccl initialization failed|Initializing plugin failed|Could(?:n't| not) find any optimal provider"
     r"|OFI plugin initNet\(\) failed"
+    # NCCL >= 2.23 (src/plugin/plugin_open.cc, net.cc): the AWS plugin is missing, or loaded but failed
+    r"|NET/Plugin: Could not find:.*libnccl-net-(?:ofi|aws)|Failed to initialize NET plugin (?:AWS )?(?:Libfabric|OFI)"
 )
+_NO_NETWORK = re.compile(r"Failed to initialize any NET plugin")
 _IB_USING = re.compile(r"NET/IB\s*:\s*Using \[")
 _SOCKET_USING = re.compile(r"NET/Socket\s*:\s*Using \[")
 _GDR_HINT = re.compile(r"GPU Direct RDMA (?P<on>Enabled|Disabled)|use ring PXN \d+ GDR (?P<flag>[01])|(?P<off>GDR disabled)")
@@ -81,6 +89,7 @@ class _Stream:
     using: list[tuple[str, str]] = field(default_factory=list)
     providers: list[tuple[str, str]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    no_network: list[str] = field(default_factory=list)
     ib: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
     gdr_hints: list[tuple[bool, str]] = field(default_factory=list)
@@ -118,11 +127,13 @@ def _collect(s: _Stream, line: str, raw: str) -> None:
     if m := _CHANNEL.search(line):
         s.channels.append((m.group("net").strip(), bool(m.group("gdr")), raw))
     elif m := _USING_NETWORK.search(line):
-        s.using.append((m.group("net"), raw))
+        s.using.append((m.group("net") or m.group("plugin"), raw))
     if m := _PROVIDER.search(line):
         s.providers.append((m.group("prov"), raw))
     if _PLUGIN_FAILED.search(line):
         s.failures.append(raw)
+    if _NO_NETWORK.search(line):
+        s.no_network.append(raw)
     if _IB_USING.search(line):
         s.ib.append(raw)
     if _SOCKET_USING.search(line):
@@ -144,9 +155,11 @@ def _decide(s: _Stream) -> StreamVerdict:
         evidence.append(s.using[-1][1])
         gdr = s.gdr_hints[-1][0] if s.gdr_hints else None
     else:
-        net = _infer(s)
+        net = None if s.no_network else _infer(s)
         gdr = s.gdr_hints[-1][0] if s.gdr_hints else None
     kind = _net_kind(net) if net else "unknown"
+    if net is None and s.no_network:
+        return _verdict(s, "none", False, s.failures[:2] + s.no_network[:1])
     provider = s.providers[-1][0] if s.providers else None
     if kind == "ofi":
         if provider:
@@ -159,6 +172,10 @@ def _decide(s: _Stream) -> StreamVerdict:
         evidence.insert(0, s.ib[0])
     if gdr is not None and not s.channels and s.gdr_hints:
         evidence.append(s.gdr_hints[-1][1])
+    return _verdict(s, kind, gdr, evidence)
+
+
+def _verdict(s: _Stream, kind: str, gdr: bool | None, evidence: list[str]) -> StreamVerdict:
     key = f"{s.host}:{s.rank if s.rank is not None else f'pid{s.pid}'}" if s.host else "-"
     return StreamVerdict(key, s.host, s.pid, s.rank, kind, gdr, _firsts(evidence, MAX_EVIDENCE))
 
