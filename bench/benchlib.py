@@ -1,6 +1,7 @@
 """What every benchmark script shares: the machine line, waiting for a quiet machine, running the two
 contenders (`trainlift train` and the torchrun loop), sampling worker memory, and recording results in
-docs/BENCHMARKS.md."""
+docs/BENCHMARKS.md: each benchmark rewrites its own section there, between `<!-- bench:KEY -->` and
+`<!-- /bench:KEY -->`, and leaves every other section as it is."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -83,23 +85,54 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def record(title: str, loads: list, body: str) -> None:
-    """Print a result and append it to docs/BENCHMARKS.md as its own section."""
+MARKER_OPEN, MARKER_CLOSE = "<!-- bench:{key} -->", "<!-- /bench:{key} -->"
+MARKER = re.compile(r"<!-- (/?)bench:([a-z0-9_]+) -->")
+
+
+def replace_section(text: str, key: str, section: str) -> str:
+    """`text` with what lies between the markers of `key` replaced by `section`, every byte outside them as it
+    was; `section` appended inside a new marker pair when the document has none for `key`."""
+    opening, closing = MARKER_OPEN.format(key=key), MARKER_CLOSE.format(key=key)
+    if MARKER.search(section):
+        raise ValueError(f"{key}: a section cannot hold benchmark markers itself")
+    found = [(m.start(), m.group(1)) for m in MARKER.finditer(text) if m.group(2) == key]
+    inner = "\n" + section.strip("\n") + "\n"
+    if not found:
+        return text.rstrip("\n") + "\n\n" + opening + inner + closing + "\n"
+    if [slash for _, slash in found] != ["", "/"]:
+        raise ValueError(f"{key}: expected one {opening} followed by one {closing}, found {len(found)} markers")
+    start = found[0][0] + len(opening)
+    return text[:start] + inner + text[found[1][0]:]
+
+
+def record(title: str, loads: list, body: str, *, key: str, path: Path = RESULTS) -> None:
+    """Print a result and write it into `path` (docs/BENCHMARKS.md) as the section of benchmark `key`: in place,
+    between its `<!-- bench:KEY -->` markers, or appended with new markers where the file has none. No other
+    section changes; `--no-record` leaves the file alone."""
+    if not MARKER.fullmatch(MARKER_OPEN.format(key=key)):
+        raise ValueError(f"benchmark key {key!r}: lower-case letters, digits and underscores only")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_text = "; ".join(fmt_load(v) for v in loads)
-    section = (f"\n## {title}\n\n"
+    section = (f"## {title}\n\n"
                f"- Command: `{command_line()}`\n"
                f"- Machine: {machine_line()}\n"
                f"- Date: {date}\n"
                f"- Load average (1/5/15 min) before each measured run: {load_text}\n\n"
                f"{body.strip()}\n")
-    print(section)
-    if QUIET["record"]:
-        RESULTS.parent.mkdir(exist_ok=True)
-        if not RESULTS.exists():
-            RESULTS.write_text("# Benchmarks\n")
-        with RESULTS.open("a", encoding="utf-8") as out:
-            out.write(section)
+    print(f"\n{section}")
+    if not QUIET["record"]:
+        return
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    new = replace_section(text, key, section)
+    headings = [line for line in new.splitlines() if line == f"## {title}"]
+    if len(headings) != 1:
+        raise ValueError(f"{path}: heading '## {title}' would appear {len(headings)} times; "
+                         f"put the existing section between {MARKER_OPEN.format(key=key)} markers")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def median(values: list[float]) -> float:

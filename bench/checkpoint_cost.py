@@ -185,7 +185,7 @@ def main() -> None:
         f"**{share(boundary, b['normal'], 100):.1%}** at the demo's 100; ≤ 5% needs ≥ "
         f"{needed_interval(boundary, b['normal'])} steps between checkpoints at this step time.",
     ]
-    bl.record("4. Checkpoint cost", loads, "\n".join(body))
+    bl.record("4. Checkpoint cost", loads, "\n".join(body), key="checkpoint_cost")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def main() -> None:
         f"built synchronously, so its {produced['step_s'] * 1000:.2f} ms per step is "
         f"{produced['step_s'] / train_step_s:.2%} of a training step.",
     ]
-    bl.record("5. Data pipeline", loads, "\n".join(body))
+    bl.record("5. Data pipeline", loads, "\n".join(body), key="data_pipeline")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def main() -> None:
             f"Before the cache: ×25 / ×1 time to first step = "
             f"{med('x25 before the cache', 'first_step_s') / med('x1 before the cache', 'first_step_s'):.2f}, "
             f"worker RSS growth {rss('x25 before the cache') - rss('x1 before the cache'):+.0f} MiB.")
-    bl.record("8. Data scaling", loads, "\n".join(body))
+    bl.record("11. Data scaling", loads, "\n".join(body), key="data_scaling")
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ def main() -> None:
         f"{'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}.\n",
         bl.table(["activation checkpointing", "torch.compile", "ms/step", "tokens/s", "MFU", mem_label, "error"], rows),
     ]
-    bl.record("7. GPU throughput and MFU", loads, "\n".join(body))
+    bl.record("7. GPU throughput and MFU", loads, "\n".join(body), key="gpu_mfu")
     print(json.dumps({"device": name, "peak_flops": peak, "flops_per_token": fpt, "batch": args.batch, "seq": args.seq,
                       "tokens_per_s": best["tokens_per_s"] if best else None, "mfu": best["mfu"] if best else None,
                       "results": results}), flush=True)

@@ -87,7 +87,7 @@ def main() -> None:
         "", bl.table(["", "full fine-tuning", "LoRA", "ratio"], rows), "",
         bl.table(["run", "#", "peak RSS per worker (MiB)", "step time (s)", "checkpoint bytes", "final loss"], per_run),
     ]
-    bl.record("12. LoRA against full fine-tuning", loads, "\n".join(body))
+    bl.record("12. LoRA against full fine-tuning", loads, "\n".join(body), key="lora_cost")
 
 
 if __name__ == "__main__":

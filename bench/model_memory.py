@@ -306,7 +306,7 @@ def main() -> None:
                     bench_export(model_dir, model_bytes, args.pairs, loads) if what == "export" else
                     bench_loss(args.pairs, loads))
             print(f"{what}: {time.monotonic() - started:.0f} s", file=sys.stderr)
-            benchlib.record(titles[what], loads, body)
+            benchlib.record(titles[what], loads, body, key=f"model_memory_{what}")
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def main() -> None:
             f"CPUs), {args.settle:.0f} s idle between `ray.init` and `fit()`, {args.rounds} rounds with the order "
             "rotated.\n\n"
             + bl.table(["variant", "median s", "runs s", "× base", "rank 0 on a prestarted worker"], rows))
-    bl.record("13. Ray's start-up knobs", loads, body)
+    bl.record("13. Ray's start-up knobs", loads, body, key="ray_start_knobs")
 
 
 if __name__ == "__main__":

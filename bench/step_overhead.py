@@ -127,7 +127,7 @@ def trackers_on_vs_off(args) -> None:
         f"\nThe trackers' extra CPU is **{extra_cpu_s * 1e3:.3f} ms per step = {extra_cpu_s / off:.2%}** of the "
         f"median step without trackers ({off * 1000:.1f} ms): the bound on what they can add to a step.\n",
     ]
-    bl.record("1b. Step overhead: trackers on vs off", loads, "\n".join(body))
+    bl.record("1b. Step overhead: trackers on vs off", loads, "\n".join(body), key="step_overhead_trackers")
 
 
 def main() -> None:
@@ -194,7 +194,7 @@ def main() -> None:
         "process the run started; the machine has 2:\n",
         bl.table(["process", "(a) trainlift run", "(b) torchrun run"], cpu_rows(pairs)),
     ]
-    bl.record("1. Step overhead", loads, "\n".join(body))
+    bl.record("1. Step overhead", loads, "\n".join(body), key="step_overhead")
 
     import_env = bl.clean_env(OMP_NUM_THREADS="1")
     imports = [[name, f"{import_rss_mib(code, import_env):.0f}"] for name, code in IMPORT_PROBES.items()]
@@ -219,7 +219,7 @@ def main() -> None:
         "Peak RSS of a fresh interpreter that only imports each side's modules:\n",
         bl.table(["imports", "MiB"], imports),
     ]
-    bl.record("6. Memory per worker", loads, "\n".join(mem_body))
+    bl.record("6. Memory per worker", loads, "\n".join(mem_body), key="step_overhead_memory")
 
 
 if __name__ == "__main__":

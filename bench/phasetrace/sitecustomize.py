@@ -14,9 +14,9 @@ import sys
 import time
 
 LOG = os.environ.get("BENCH_PHASE_LOG")
-WATCHED_IMPORTS = {"torch", "transformers", "ray", "ray.train.torch", "typer", "trainlift.cli",
+WATCHED_IMPORTS = {"torch", "transformers", "ray", "ray.train.v2.api.data_parallel_trainer", "typer", "trainlift.cli",
                    "trainlift.train.launch", "trainlift.train.recipe", "trainlift.doctor"}
-DRIVER_CALLS = ("run_training", "preflight", "prepare_model", "prepare_data", "ensure_ray", "scaling_for", "_progress_board")
+DRIVER_CALLS = ("run_training", "prepare_model", "prepare_data", "ensure_ray", "scaling_for")
 WORKER_CALLS = ("load_tokenizer", "build_model", "apply_fsdp", "resume", "evaluate", "train_step")
 
 
@@ -77,8 +77,10 @@ def patch(name: str, module) -> None:
     if name == "trainlift.train.launch":
         for attr in DRIVER_CALLS:
             setattr(module, attr, traced(attr, getattr(module, attr)))
-    elif name == "ray.train.torch":
-        module.TorchTrainer.fit = traced("fit", module.TorchTrainer.fit)
+        module.preflight.check = traced("preflight", module.preflight.check)
+        module.progress.progress_board = traced("progress_board", module.progress.progress_board)
+    elif name == "ray.train.v2.api.data_parallel_trainer":
+        module.DataParallelTrainer.fit = traced("fit", module.DataParallelTrainer.fit)
     elif name == "trainlift.train.recipe":
         for attr in WORKER_CALLS:
             setattr(module, attr, traced(attr, getattr(module, attr), first_calls=2 if attr == "train_step" else None))

@@ -85,12 +85,12 @@ def test_a_cache_on_s3_storage_is_uploaded_once_and_downloaded_once_per_node(s3,
     tokenizer = AutoTokenizer.from_pretrained(REPO / "examples" / "tiny" / "tokenizer")
     spec = validate_job_spec({"model": {"path": "unused"}, "run": {"storage": f"s3://{BUCKET}/runs"},
                               "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64}})
-    keys = datacache.prepare_splits(spec, tokenizer)
+    keys = datacache.prepare_splits(spec, lambda: tokenizer)
     key = keys["train"]["key"]
     listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/.cache/data/{key}/")["Contents"]
     names = sorted(o["Key"].rsplit("/", 1)[1] for o in listed if not o["Key"].endswith("/"))  # not folder markers
     assert names == ["manifest.json", "meta-00000.npy", "rows-00000.npy"]
-    assert not datacache.prepare_splits(spec, tokenizer)["train"]["built"]
+    assert not datacache.prepare_splits(spec, lambda: tokenizer)["train"]["built"]
 
     train, _ = datacache.load_splits(spec, lambda: tokenizer, rank=0, keys=keys)
     expected = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
@@ -105,3 +105,35 @@ def test_a_cache_on_s3_storage_is_uploaded_once_and_downloaded_once_per_node(s3,
     (local / "rows-00000.npy").write_bytes(bytes(raw))  # a damaged local copy is fetched again, not read
     again, _ = datacache.load_splits(spec, lambda: tokenizer, rank=1, keys=keys)
     assert [r["input_ids"].tolist() for r in again.rows] == [r["input_ids"] for r in expected.rows]
+
+
+def test_two_runs_building_one_key_on_s3_never_delete_the_committed_cache(s3, tiny_assets, monkeypatch):
+    """On an object store both builders of one key upload; the cache a reader found stays whole throughout: before
+    every upload of the second builder the first one's manifest and arrays are all there, nothing is deleted, and
+    the cache that ends up committed is sound and reads back the same rows."""
+    import pyarrow.fs as pafs
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "examples" / "tiny" / "tokenizer")
+    spec = validate_job_spec({"model": {"path": "unused"}, "run": {"storage": f"s3://{BUCKET}/runs"},
+                              "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64}})
+    split = datacache.splits(spec)["train"]
+    fs, root = datacache.root_of(spec.run.storage)
+    key = datacache.cache_key(split, "tok")
+    first = datacache.build(fs, root, key, split, tokenizer)
+    objects = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/")["Contents"]}
+
+    sound_before_each_upload = []
+    copy_files, read_manifest = pafs.copy_files, datacache.read_manifest
+
+    def upload(*args, **kwargs):
+        sound_before_each_upload.append(read_manifest(fs, f"{root}/{key}", key) is not None)
+        return copy_files(*args, **kwargs)
+
+    monkeypatch.setattr(pafs, "copy_files", upload)
+    monkeypatch.setattr(datacache, "read_manifest", lambda *a: None)  # the second builder saw no cache when it began
+    second = datacache.build(fs, root, key, split, tokenizer)
+    monkeypatch.undo()
+    assert sound_before_each_upload and all(sound_before_each_upload)
+    assert objects <= {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/")["Contents"]}
+    committed = datacache.read_manifest(fs, f"{root}/{key}", key)
+    assert committed == second and committed["rows"] == first["rows"]

@@ -18,16 +18,21 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-ACTORS_OF_THE_RUN: dict[str, Counter] = {}  # actor classes in the Ray instance before and after `uninterrupted`
+ACTORS_OF_THE_RUN: dict = {}  # actor classes before and after `uninterrupted`, and the placement groups it made
 
 
 def actor_classes() -> Counter:
-    """How many actors of each class the shared Ray instance has had (live or dead)."""
-    import ray
-    from ray.util.state import list_actors
+    """How many actors of each class the shared Ray instance has had (live or dead), from its GCS: the embedded
+    instance has no dashboard, so no state API."""
+    from ray._private import state
 
-    address = ray.get_runtime_context().gcs_address  # this instance, not the machine's last `ray start` one
-    return Counter(a.class_name for a in list_actors(address=address, limit=10000, raise_on_missing_output=False))
+    return Counter(actor["ActorClassName"] for actor in state.actors().values())
+
+
+def placement_group_states() -> dict[str, str]:
+    import ray
+
+    return {pg_id: pg["state"] for pg_id, pg in ray.util.placement_group_table().items()}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +48,10 @@ def uninterrupted(tiny_assets, tmp_path_factory):
         "checkpoint": {"every_steps": 3, "keep": 2},
         "run": {"name": "ref", "storage": str(storage), "max_failures": 0},
     })
-    before = actor_classes()
+    before, groups_before = actor_classes(), placement_group_states()
     summary = run_training(spec)
     ACTORS_OF_THE_RUN.update(before=before, after=actor_classes())
+    ACTORS_OF_THE_RUN["groups"] = {pg: s for pg, s in placement_group_states().items() if pg not in groups_before}
     return summary, storage / "ref"
 
 
@@ -62,12 +68,14 @@ def test_run_writes_metrics_summary_checkpoints_and_export(uninterrupted):
     assert [s for s, _, done in checkpoint.list_checkpoints(checkpoint.pafs.LocalFileSystem(), str(run_dir)) if done] == [3, 6]
 
 
-def test_a_run_starts_no_ray_data_actor(uninterrupted):
-    """Ray Train's DatasetManager actor (Ray Data shards; trainlift passes no datasets) is left out of a run, while
-    the run's own actors (its controller and two workers) show up in the same Ray instance's actor list."""
+def test_a_run_starts_only_its_own_actors_and_frees_its_placement_group(uninterrupted):
+    """Ray Train's DatasetManager (Ray Data shards; trainlift passes no datasets) and PlacementGroupCleaner actors
+    are left out of a run, while the run's own actors (its controller and two workers) show up in the same Ray
+    instance's actor list; the worker group's placement group is removed when the run ends, without the cleaner."""
     new = ACTORS_OF_THE_RUN["after"] - ACTORS_OF_THE_RUN["before"]
     assert new["TrainController"] == 1 and new["RayTrainWorker"] == 2, new
-    assert new["DatasetManager"] == 0, new
+    assert new["DatasetManager"] == 0 and new["PlacementGroupCleaner"] == 0, new
+    assert list(ACTORS_OF_THE_RUN["groups"].values()) == ["REMOVED"]
 
 
 def test_export_loads_and_matches_the_trained_weights(uninterrupted, tiny_assets):

@@ -3,6 +3,7 @@ the rows `data.prepare` packs in memory."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +68,11 @@ def torch_equal(a, b):
 
 def test_a_second_run_reuses_the_cache_and_a_changed_input_rebuilds_it(job, tokenizer, tmp_path):
     spec = job()
-    first = datacache.prepare_splits(spec, tokenizer)
+    first = datacache.prepare_splits(spec, lambda: tokenizer)
     assert first["train"]["built"] and first["eval"]["built"]
     manifest = cache_dir(spec, first["train"]["key"]) / "manifest.json"
     written = manifest.stat().st_mtime_ns
-    again = datacache.prepare_splits(spec, tokenizer)
+    again = datacache.prepare_splits(spec, lambda: tokenizer)
     assert again == {name: {**entry, "built": False} for name, entry in first.items()}
     assert manifest.stat().st_mtime_ns == written
     datacache.load_splits(spec, no_tokenizer, rank=0, keys=again)  # a worker given the driver's keys
@@ -80,16 +81,16 @@ def test_a_second_run_reuses_the_cache_and_a_changed_input_rebuilds_it(job, toke
     with open(spec.data.train, "a") as fh:  # the data file changes
         fh.write(json.dumps({"messages": [{"role": "user", "content": "sort 2 1"},
                                           {"role": "assistant", "content": "1 2"}]}) + "\n")
-    changed_data = datacache.prepare_splits(spec, tokenizer)
+    changed_data = datacache.prepare_splits(spec, lambda: tokenizer)
     assert changed_data["train"]["built"] and changed_data["train"]["key"] != first["train"]["key"]
     assert not changed_data["eval"]["built"]
 
-    longer = datacache.prepare_splits(job(seq_len=96), tokenizer)
+    longer = datacache.prepare_splits(job(seq_len=96), lambda: tokenizer)
     assert longer["train"]["built"] and longer["train"]["key"] != changed_data["train"]["key"]
 
     templated = AutoTokenizer.from_pretrained(REPO / "examples" / "tiny" / "tokenizer")
     templated.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-    other_tokenizer = datacache.prepare_splits(spec, templated)
+    other_tokenizer = datacache.prepare_splits(spec, lambda: templated)
     assert other_tokenizer["train"]["built"] and other_tokenizer["train"]["key"] != changed_data["train"]["key"]
 
 
@@ -112,7 +113,7 @@ def damage_short_file(directory):
 @pytest.mark.parametrize("damage", [damage_flip_a_byte, damage_no_manifest, damage_short_file])
 def test_a_damaged_cache_is_rebuilt_never_read(job, tokenizer, damage):
     spec = job()
-    keys = datacache.prepare_splits(spec, tokenizer)
+    keys = datacache.prepare_splits(spec, lambda: tokenizer)
     directory = cache_dir(spec, keys["train"]["key"])
     damage(directory)
     assert datacache.verified(str(directory), keys["train"]["key"]) is None
@@ -120,7 +121,7 @@ def test_a_damaged_cache_is_rebuilt_never_read(job, tokenizer, damage):
     assert as_lists(train) == as_lists(data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len))
     assert datacache.verified(str(directory), keys["train"]["key"]) is not None
     damage(directory)
-    assert datacache.prepare_splits(spec, tokenizer)["train"]["built"]  # the driver's check catches it too
+    assert datacache.prepare_splits(spec, lambda: tokenizer)["train"]["built"]  # the driver's check catches it too
 
 
 def test_eval_examples_caps_examples_before_packing(job, tokenizer):
@@ -134,8 +135,56 @@ def test_eval_examples_caps_examples_before_packing(job, tokenizer):
 
 def test_a_cache_left_half_built_does_not_hide_the_real_one(job, tokenizer):
     spec = job()
-    keys = datacache.prepare_splits(spec, tokenizer)
+    keys = datacache.prepare_splits(spec, lambda: tokenizer)
     root = Path(datacache.root_of(spec.run.storage)[1])
     (root / f".{keys['train']['key']}.partial-deadbeef").mkdir()  # a build killed before its rename
-    assert not datacache.prepare_splits(spec, tokenizer)["train"]["built"]
+    assert not datacache.prepare_splits(spec, lambda: tokenizer)["train"]["built"]
     assert sorted(os.listdir(cache_dir(spec, keys["train"]["key"]))) == ["manifest.json", "meta-00000.npy", "rows-00000.npy"]
+
+
+def test_a_local_tokenizer_directory_keys_the_cache_without_loading_the_tokenizer(job, tokenizer, tmp_path):
+    """The driver finds an existing cache with no transformers import: the tokenizer directory's files are hashed
+    as they are. Weights next to them do not change the key; a changed chat template does."""
+    directory = tmp_path / "tokenizer"
+    shutil.copytree(REPO / "examples" / "tiny" / "tokenizer", directory)
+    (directory / "model.safetensors").write_bytes(b"weights")
+    spec = job().model_copy(update={"model": job().model.model_copy(update={"path": str(directory)})})
+    assert datacache.prepare_splits(spec, lambda: tokenizer)["train"]["built"]
+    again = datacache.prepare_splits(spec, no_tokenizer)
+    assert not again["train"]["built"] and not again["eval"]["built"]
+
+    (directory / "model.safetensors").write_bytes(b"trained weights")
+    assert datacache.prepare_splits(spec, no_tokenizer) == again
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    changed = datacache.prepare_splits(spec, lambda: AutoTokenizer.from_pretrained(directory))
+    assert changed["train"]["built"] and changed["train"]["key"] != again["train"]["key"]
+
+
+def test_two_runs_building_one_key_never_pull_the_cache_from_under_a_reader(job, tokenizer, monkeypatch):
+    """Run B checked before run A committed, so both build. A's committed cache, which A's workers are reading, is
+    never removed or replaced by B: it stays sound at every rename B makes, keeps its files (same inodes), and B
+    returns A's manifest and leaves no staging directory behind."""
+    spec = job()
+    split = datacache.splits(spec)["train"]
+    fs, root = datacache.root_of(spec.run.storage)
+    key = datacache.cache_key(split, "tok")
+    winner = datacache.build(fs, root, key, split, tokenizer)
+    final = os.path.join(root, key)
+    inode = os.stat(os.path.join(final, "rows-00000.npy")).st_ino
+    sound_at_each_rename = []
+    rename, rmtree = os.rename, shutil.rmtree
+
+    def checked(change):
+        def run(*args, **kwargs):
+            sound_at_each_rename.append(datacache.verified(final, key) is not None)
+            return change(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(os, "rename", checked(rename))
+    monkeypatch.setattr(shutil, "rmtree", checked(rmtree))
+    loser = datacache.build(fs, root, key, split, tokenizer)
+    assert sound_at_each_rename and all(sound_at_each_rename)
+    assert loser == winner and os.stat(os.path.join(final, "rows-00000.npy")).st_ino == inode
+    assert sorted(os.listdir(root)) == [key]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainlift.errors import UsageError
-from trainlift.train.launch import check_model_readable_by_workers
+from trainlift.train.run.preflight import check_model_readable_by_workers
 
 
 CONFIG = '{"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}'

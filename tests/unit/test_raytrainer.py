@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import ray.cloudpickle as cloudpickle
 from ray.train.torch import TorchConfig
 
@@ -35,8 +37,56 @@ def test_nccl_on_gpus_and_gloo_on_cpus():
     assert raytrainer.torch_config("gloo").to_dict() == TorchConfig(backend="gloo").to_dict()
 
 
-def test_a_ray_release_without_the_worker_steps_gets_rays_own_config(monkeypatch):
-    from ray.train.torch import config as ray_torch_config
+ALL_PRIVATE = {**raytrainer.BACKEND_NAMES, **raytrainer.TRAINER_NAMES, **raytrainer.COORDINATOR_NAMES}
 
-    monkeypatch.delattr(ray_torch_config, "_setup_torch_process_group")
+
+def test_every_private_ray_name_used_is_in_the_pinned_ray_as_read_from_its_source():
+    """The fast path is live with the pinned Ray, and reading the source agrees with importing the modules."""
+    import importlib
+
+    assert raytrainer.private_names_missing(ALL_PRIVATE) == []
+    for module, names in ALL_PRIVATE.items():
+        loaded = importlib.import_module(module)
+        for name in names:
+            owner, _, attribute = name.rpartition(".")
+            assert hasattr(getattr(loaded, owner) if owner else loaded, attribute), f"{module}:{name}"
+
+
+def without(monkeypatch, gone: str):
+    """A Ray release whose source lacks `module:name`."""
+    module, name = gone.split(":")
+    defined = raytrainer.names_defined_in
+    monkeypatch.setattr(raytrainer, "names_defined_in", lambda m: defined(m) - {name} if m == module else defined(m))
+
+
+@pytest.mark.parametrize("gone", [f"{m}:{n}" for m, names in raytrainer.BACKEND_NAMES.items() for n in names])
+def test_a_ray_release_without_a_backend_name_gets_rays_own_config(monkeypatch, gone):
+    without(monkeypatch, gone)
     assert type(raytrainer.torch_config("gloo")) is TorchConfig
+
+
+@pytest.mark.parametrize("gone", [f"{m}:{n}" for m, names in raytrainer.TRAINER_NAMES.items() for n in names])
+def test_a_ray_release_without_a_trainer_name_gets_rays_plain_torch_trainer(monkeypatch, gone):
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    without(monkeypatch, gone)
+    trainer = raytrainer.torch_trainer(lambda config: None, use_gpu=False, scaling_config=ScalingConfig(num_workers=1))
+    assert type(trainer) is TorchTrainer
+
+
+def test_the_pinned_ray_gets_the_trimmed_trainer_and_a_missing_coordinator_is_skipped(monkeypatch):
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = raytrainer.torch_trainer(lambda config: None, use_gpu=False, scaling_config=ScalingConfig(num_workers=1))
+    assert type(trainer).__name__ == "TrainerWithoutUnusedActors" and not isinstance(trainer, TorchTrainer)
+    import importlib
+
+    (module, (name,)), = raytrainer.COORDINATOR_NAMES.items()
+    called = []
+    monkeypatch.setattr(importlib.import_module(module), name, lambda: called.append(name))
+    raytrainer.start_autoscaling_coordinator()
+    without(monkeypatch, f"{module}:{name}")
+    raytrainer.start_autoscaling_coordinator()
+    assert called == [name]  # called once, with the name there; skipped without it

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from trainlift.ops.jobs import PROGRESS_PREFIX
+from trainlift.progress_lines import PROGRESS_PREFIX
 
 PROGRESS_KEYS = ("step", "total_steps", "loss", "tokens_per_s", "step_time_s")
 MODES = ("auto", "json", "lines")

@@ -16,7 +16,7 @@ from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.cli.progress import MODES, ProgressLines, trainable_note
 from trainlift.config.job import load_job_spec
 from trainlift.errors import UsageError
-from trainlift.ops.jobs import PROGRESS_ENV
+from trainlift.progress_lines import PROGRESS_ENV
 
 
 def _fmt(value, spec: str = ".4g") -> str:
@@ -49,32 +49,49 @@ def train(
     """
     from trainlift.train.launch import EXIT_STOPPED, run_training
 
-    overrides = list(set_)
-    if steps is not None:
-        overrides.append(f"train.steps={steps}")
-    if run_dir is not None:
-        overrides.append(f"run.storage={run_dir}")
     if progress_mode not in MODES:
         raise UsageError(f"--progress {progress_mode!r}: expected one of {', '.join(MODES)}",
                          hint=f"unset {PROGRESS_ENV} or pass --progress auto")
-    spec = load_job_spec(spec_file, overrides)
+    spec = load_job_spec(spec_file, [*set_, *([f"train.steps={steps}"] if steps is not None else []),
+                                     *([f"run.storage={run_dir}"] if run_dir is not None else [])])
     if skip_doctor:
         err_console.print("[bold yellow]WARNING: --skip-doctor: the workers' stack and transport checks are OFF; "
                           "a broken EFA/NCCL setup will train slowly or fail late[/]")
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        from trainlift.ops import localray
+    with _progress_display(spec, progress_mode, log_every, hidden=json_out) as on_update:
+        # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
+        with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
+            summary = run_training(spec, address=_ray_address(address), workers=workers, stop_at_step=stop_at_step,
+                                   skip_doctor=skip_doctor, on_update=on_update)
+    _print_summary(summary, json_out)
+    if not summary.get("finished"):
+        why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
+        err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; "
+                          "rerun the same command to resume")
+        raise typer.Exit(EXIT_STOPPED)
 
-        local_head = localray.read_state()
-        if local_head:
-            address = local_head["gcs_address"]
-            localray.use_head_auth()
 
+def _ray_address(address: str | None) -> str | None:
+    """--address, else RAY_ADDRESS (read by Ray), else the head `trainlift local up` started, else None (embedded)."""
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        return address
+    from trainlift.ops import localray
+
+    local_head = localray.read_state()
+    if not local_head:
+        return None
+    localray.use_head_auth()
+    return local_head["gcs_address"]
+
+
+@contextlib.contextmanager
+def _progress_display(spec, progress_mode: str, log_every: float, hidden: bool):
+    """A progress bar on a terminal, else progress lines; yields the function the run's updates go to."""
     bar = console.is_terminal and progress_mode == "auto"
     lines = None if bar else ProgressLines(progress_mode, log_every)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, transient=json_out, disable=json_out or not bar,
+        console=console, transient=hidden, disable=hidden or not bar,
     ) as progress:
         task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…")
 
@@ -88,26 +105,20 @@ def train(
                 note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
                 progress.update(task, completed=row["step"], info=note + trainable_note(row))
 
-        # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
-        with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
-            summary = run_training(spec, address=address, workers=workers, stop_at_step=stop_at_step,
-                                   skip_doctor=skip_doctor, on_update=on_update)
+        yield on_update
 
+
+def _print_summary(summary: dict, json_out: bool) -> None:
     if json_out:
         print_json(summary)
-    else:
-        table = Table(title=f"run {summary['name']}", show_header=False)
-        for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
-                         ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f"),
-                         ("trainable_params", ",d"), ("total_params", ",d")):
-            table.add_row(key, _fmt(summary.get(key), fmt))
-        table.add_row("run", summary["run"])
-        console.print(table)
-    if not summary.get("finished"):
-        why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
-        err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; "
-                          "rerun the same command to resume")
-        raise typer.Exit(EXIT_STOPPED)
+        return
+    table = Table(title=f"run {summary['name']}", show_header=False)
+    for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
+                     ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f"),
+                     ("trainable_params", ",d"), ("total_params", ",d")):
+        table.add_row(key, _fmt(summary.get(key), fmt))
+    table.add_row("run", summary["run"])
+    console.print(table)
 
 
 @app.command("eval")

@@ -51,24 +51,17 @@ def skip_cluster_only_train_features() -> None:
     os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 
 
-def start_in_process(num_cpus: int | None = None) -> str:
-    """Start a Ray instance inside this process, its dashboard on a free loopback port; returns the dashboard URL.
-
-    Ray Train's placement-group cleaner asks the state API whether the run's controller is still alive. Without
-    an API server of its own, that lookup goes to the machine's last `ray start` cluster: a dead one holds up the
-    end of every run by 12 s, a live one is a different cluster. Pointing the job's processes at this instance's
-    own dashboard makes the answer fast and right.
-    """
+def start_in_process(num_cpus: int | None = None) -> None:
+    """Start a Ray instance inside this process, without a dashboard: nothing asks this instance's state API
+    (Ray Train's placement-group cleaner did, and trainlift leaves it out), and the dashboard was 2 s of every
+    cold start on 2 cores. No job runtime env either: Ray hands its prestarted idle workers only to actors of a
+    job without one, and the progress board and Ray Train's autoscaling coordinator then start in those."""
     import ray
 
     skip_cluster_only_train_features()
-    port = free_port()
-    url = f"http://{LOOPBACK}:{port}"
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host=LOOPBACK, dashboard_port=port,
-             log_to_driver=False, runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": url}},
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              _system_config={"worker_niceness": 0})
-    return url
 
 
 def _alive(pid: int) -> bool:

@@ -2,17 +2,19 @@
 
 The driver checks everything it can before Ray starts (data, model, run
 directory), so bad input fails in a second with one line, not in a worker.
+It imports neither torch nor transformers on the common path (a local model
+directory and a data cache that is there): the workers import them anyway,
+and on the driver they were seconds before every start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-import signal
-import sys
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,128 +22,33 @@ import pyarrow.fs as pafs
 
 from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
-from trainlift.errors import TrainliftError, UsageError
+from trainlift.errors import TrainliftError
 from trainlift.ops import localray
-from trainlift.train.data import cache as datacache, source as datasource
-from trainlift.train.model.build import build_config, materialize, max_positions
-from trainlift.train.run import failures, trackers
+from trainlift.train.data import cache as datacache
+from trainlift.train.run import board as progress, failures, preflight, trackers
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
 
 
-def _local(path: str | None) -> str | None:
-    """Absolute form of a local path; URIs pass through."""
-    return path if path is None or "://" in path else str(Path(path).expanduser().resolve())
-
-
-def _local_if_exists(path: str | None) -> str | None:
-    """Local paths that exist become absolute; anything else (a hub id) passes through."""
-    return _local(path) if path is not None and Path(path).expanduser().exists() else path
-
-
-def resolve_paths(spec: JobSpec) -> JobSpec:
-    """Make local paths absolute: Ray workers do not run in the driver's directory."""
-    resolved = spec.model_copy(deep=True)
-    model = resolved.model
-    model.path = _local(model.path) if model.config is not None else _local_if_exists(model.path)
-    model.tokenizer = _local_if_exists(model.tokenizer)
-    if isinstance(model.config, str):
-        model.config = _local(model.config)
-    resolved.data.train = _local(spec.data.train)
-    resolved.data.eval = _local(spec.data.eval)
-    resolved.run.storage = _local(spec.run.storage)
-    return resolved
-
-
-def check_remote_storage(uri: str) -> None:
-    """Credentials, endpoint and bucket work, before any worker starts."""
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        bucket_type = fs.get_file_info(path.split("/", 1)[0]).type
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"run.storage: cannot reach {uri} ({str(exc).splitlines()[0]})",
-                         hint="check AWS credentials, AWS_REGION and AWS_ENDPOINT_URL") from None
-    if bucket_type == pafs.FileType.NotFound:
-        raise UsageError(f"run.storage: bucket of {uri} does not exist", hint="create it or fix run.storage")
-
-
-def check_run_dir(spec: JobSpec) -> None:
-    if spec.is_remote_storage:
-        check_remote_storage(spec.run_uri)
-        return
-    run_dir = Path(spec.run_uri)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"run.storage: cannot write to {run_dir} ({exc.strerror})",
-                         hint="choose a writable directory with --run-dir or --set run.storage=...") from None
-
-
-def _model_config(spec: JobSpec):
-    from transformers import AutoConfig
-
-    if spec.model.path and (Path(spec.model.path) / "config.json").exists():
-        return AutoConfig.from_pretrained(spec.model.path)
-    if spec.model.config is not None:
-        return build_config(spec.model.config)
-    try:
-        return AutoConfig.from_pretrained(spec.model.path)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"model.path: cannot load a model config from {spec.model.path!r}",
-                         hint="give a local model directory, a reachable hub id, or model.config") from exc
-
-
-def preflight(spec: JobSpec) -> None:
-    """Every check that needs no Ray: data files exist (their rows are checked as the data cache is built, in
-    `prepare_data`), seq_len fits the model, storage is writable."""
-    for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
-        if path is not None:
-            datasource.check_schema(datasource.resolve(path, name), spec.data.format, spec.data.columns)
-    model_config = _model_config(spec)
-    limit = max_positions(model_config)
-    if limit is not None and spec.data.seq_len > limit:
-        raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
-                         hint=f"--set data.seq_len={limit}")
-    if spec.model.lora is not None:
-        from trainlift.train.model import lora
-
-        lora.validate(model_config, spec.model.lora)
-    trackers.check(spec)
-    check_run_dir(spec)
-
-
-def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str) -> None:
-    """model.config with a local model.path builds the model on the driver's disk: workers on other hosts cannot
-    read it there, unless it lies under a local run.storage (which a multi-node run mounts on every node)."""
-    model = spec.model
-    if model.config is None or not model.path or "://" in model.path:
-        return
-    others = node_ips - {driver_ip}
-    if not others:
-        return
-    if not spec.is_remote_storage and Path(model.path).is_relative_to(spec.run.storage):
-        return
-    raise UsageError(f"model.path: {model.path} would be built on this machine's disk, which workers on "
-                     f"{len(others)} other node(s) cannot read",
-                     hint="drop model.path (each worker builds the same model from model.config and train.seed) "
-                     "or put it under a run.storage volume that every node mounts")
-
-
 def prepare_model(spec: JobSpec) -> None:
     """Build and save the model first when the spec gives both model.config and model.path."""
-    if spec.model.path and spec.model.config is not None:
+    if spec.model.path and spec.model.config is not None and not (Path(spec.model.path) / "config.json").exists():
+        from trainlift.train.model.build import materialize
+
         materialize(spec.model.path, spec.model.config, spec.model.tokenizer or spec.model.path, spec.train.seed)
 
 
 def prepare_data(spec: JobSpec) -> dict[str, dict]:
     """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there)."""
-    from trainlift.train.model.build import load_tokenizer
 
-    return datacache.prepare_splits(spec, load_tokenizer(spec.model))
+    @functools.cache
+    def tokenizer():
+        from trainlift.train.model.build import load_tokenizer
+
+        return load_tokenizer(spec.model)
+
+    return datacache.prepare_splits(spec, tokenizer)
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> bool:
@@ -164,84 +71,6 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
         return False
     localray.start_in_process(num_cpus)
     return True
-
-
-def _progress_board():
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    # On the driver's node, like Ray Train's controller: losing another node must not take the board with it.
-    @ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False))
-    class ProgressBoard:
-        """Rank 0 posts each step here without waiting; the driver polls it for the progress bar. The latest
-        start row is kept apart from the latest row, so a short run's (re)start is not lost between polls."""
-
-        def __init__(self):
-            self.start: dict[str, Any] = {}
-            self.latest: dict[str, Any] = {}
-            self.summary: dict[str, Any] = {}
-            self.stop_reason: str | None = None
-
-        def request_stop(self, reason: str) -> None:
-            self.stop_reason = reason
-
-        def stop_requested(self) -> str | None:
-            return self.stop_reason
-
-        def update(self, row: dict[str, Any]) -> None:
-            if row.get("event") == "start":
-                self.start = row
-            self.latest = row
-
-        def finish(self, summary: dict[str, Any]) -> None:
-            self.summary = summary
-
-        def get(self) -> list[dict[str, Any]]:
-            """The latest start row, then the latest row if a step followed it."""
-            rows = [self.start] if self.start else []
-            if self.latest and self.latest is not self.start:
-                rows.append(self.latest)
-            return rows
-
-        def get_summary(self) -> dict[str, Any]:
-            return self.summary
-
-    return ProgressBoard.remote()
-
-
-def _poll(board, on_update: Callable[[dict], None], stop: threading.Event) -> None:
-    import ray
-
-    while not stop.wait(0.5):
-        try:
-            for row in ray.get(board.get.remote(), timeout=5):
-                on_update(row)
-        except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
-            pass
-
-
-@contextlib.contextmanager
-def _stop_on_signals(board):
-    """First SIGTERM/SIGINT: checkpoint at the next step boundary and stop. A second one: stop now."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[str] = []
-
-    def handler(signum, _frame):
-        if received:
-            raise KeyboardInterrupt
-        received.append(signal.Signals(signum).name)
-        board.request_stop.remote(received[0])
-        print(f"{received[0]}: saving a checkpoint at the next step boundary, then stopping "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old_handler in previous.items():
-            signal.signal(sig, old_handler)
 
 
 def scaling_for(spec: JobSpec, workers: int | None):
@@ -273,6 +102,80 @@ def write_summary(spec: JobSpec, summary: dict[str, Any]) -> None:
         out.write(json.dumps(summary, indent=2, sort_keys=True).encode())
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What the driver prepares once Ray is up, for the trainer."""
+
+    data_cache: dict[str, dict]
+    scaling: Any
+    use_gpu: bool
+    nccl_log_prefix: str | None
+    worker_env: dict[str, str]
+
+
+def prepare(spec: JobSpec, workers: int | None, started_at: float) -> Prepared:
+    """After Ray starts: the model on a disk every worker reads, the data cache, the worker count and device, the
+    workers' environment (NCCL's log file on GPUs, for the transport check), and no stale Ray checkpoint list."""
+    import ray
+
+    preflight.check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
+                                              ray.util.get_node_ip_address())
+    prepare_model(spec)
+    data_cache = prepare_data(spec)
+    scaling, use_gpu = scaling_for(spec, workers)
+    nccl_log_prefix, nccl_env = None, {}
+    if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
+        nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
+        nccl_env = nccl_log_env(nccl_log_prefix)
+    forget_ray_checkpoint_list(spec)
+    return Prepared(data_cache, scaling, use_gpu, nccl_log_prefix, {**nccl_env, **trackers.worker_env()})
+
+
+def build_trainer(spec: JobSpec, prepared: Prepared, board, train_loop: Callable[[dict], None] | None,
+                  stop_at_step: int | None, skip_doctor: bool):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+
+    from trainlift.train.run import raytrainer
+
+    return raytrainer.torch_trainer(
+        train_loop or raytrainer.recipe_train_loop,
+        use_gpu=prepared.use_gpu,
+        train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
+                           "skip_doctor": skip_doctor, "nccl_log_prefix": prepared.nccl_log_prefix,
+                           "data_cache": prepared.data_cache},
+        scaling_config=prepared.scaling,
+        run_config=RunConfig(
+            name=spec.run.name,
+            storage_path=spec.run.storage,
+            # Ray retries a worker group that cannot start (lost node, fixed size) forever by default.
+            failure_config=FailureConfig(max_failures=spec.run.max_failures,
+                                         controller_failure_limit=failures.START_RETRIES),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+            worker_runtime_env={"env_vars": prepared.worker_env},
+        ),
+    )
+
+
+def fit(trainer, spec: JobSpec, board) -> None:
+    try:
+        with progress.stop_on_signals(board):
+            trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
+        raise failures.explain(spec, exc) from exc
+
+
+def summarize(spec: JobSpec, board, prepared: Prepared, started_at: float) -> dict[str, Any]:
+    """The run's summary, as rank 0 left it on the board, with how it stopped; written to summary.json."""
+    import ray
+
+    summary = ray.get(board.get_summary.remote())
+    summary["stopped_by"] = ray.get(board.stop_requested.remote())
+    summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at,
+                   data_cache=prepared.data_cache)
+    write_summary(spec, summary)
+    return summary
+
+
 def run_training(
     spec: JobSpec,
     *,
@@ -281,67 +184,25 @@ def run_training(
     stop_at_step: int | None = None,
     skip_doctor: bool = False,
     on_update: Callable[[dict], None] | None = None,
+    train_loop: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
-    """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json."""
+    """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json.
+    `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it)."""
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
 
     from trainlift.train.run import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
-    from trainlift.train.recipe import train_loop_per_worker
 
     started_at = time.time()
-    spec = resolve_paths(spec)
-    preflight(spec)
+    spec = preflight.check(spec)
     requested = workers or spec.scaling.max_workers or 1
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker))
-    stop = threading.Event()
+    raytrainer.start_autoscaling_coordinator()
     try:
-        check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
-                                        ray.util.get_node_ip_address())
-        prepare_model(spec)
-        data_cache = prepare_data(spec)
-        scaling, use_gpu = scaling_for(spec, workers)
-        nccl_log_prefix, nccl_env = None, {}
-        if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
-            nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
-            nccl_env = nccl_log_env(nccl_log_prefix)
-        forget_ray_checkpoint_list(spec)
-        board = _progress_board()
-        poller = threading.Thread(target=_poll, args=(board, on_update or (lambda _: None), stop), daemon=True)
-        poller.start()
-        trainer = raytrainer.torch_trainer(
-            train_loop_per_worker,
-            use_gpu=use_gpu,
-            train_loop_config={"spec": spec.model_dump(), "board": board, "stop_at_step": stop_at_step,
-                               "skip_doctor": skip_doctor, "nccl_log_prefix": nccl_log_prefix,
-                               "data_cache": data_cache},
-            scaling_config=scaling,
-            run_config=RunConfig(
-                name=spec.run.name,
-                storage_path=spec.run.storage,
-                # Ray retries a worker group that cannot start (lost node, fixed size) forever by default.
-                failure_config=FailureConfig(max_failures=spec.run.max_failures,
-                                             controller_failure_limit=failures.START_RETRIES),
-                checkpoint_config=CheckpointConfig(num_to_keep=None),
-                worker_runtime_env={"env_vars": {**nccl_env, **trackers.worker_env()}},
-            ),
-        )
-        try:
-            with _stop_on_signals(board):
-                trainer.fit()
-        except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
-            raise failures.explain(spec, exc) from exc
-        stop.set()
-        poller.join(timeout=2)
-        if on_update is not None:
-            for row in ray.get(board.get.remote()):
-                on_update(row)
-        summary = ray.get(board.get_summary.remote())
-        summary["stopped_by"] = ray.get(board.stop_requested.remote())
-        summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at, data_cache=data_cache)
-        write_summary(spec, summary)
-        return summary
+        prepared = prepare(spec, workers, started_at)
+        board = progress.progress_board()
+        with progress.following(board, on_update):
+            fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board)
+        return summarize(spec, board, prepared, started_at)
     finally:
-        stop.set()
         if started_ray:
             ray.shutdown()

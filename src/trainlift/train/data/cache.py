@@ -6,7 +6,7 @@
         manifest.json    written last: the commit marker, with every file's size and sha256
 
 The key is a hash of everything the rows depend on: the data files (datasource.fingerprint), the tokenizer
-(its saved files), the format, the column mapping, `seq_len`, an example limit and VERSION (raised whenever
+(its files), the format, the column mapping, `seq_len`, an example limit and VERSION (raised whenever
 the packed rows of the same input would change). The driver builds the caches before any worker starts
 (`prepare_splits`): it is the one process that must read every row anyway, to reject bad ones with
 `file:row` before Ray starts, and the workers then start straight onto finished arrays instead of waiting
@@ -15,8 +15,10 @@ their memory does not grow with the data set. Should a cache be missing or fail 
 workers open it, rank 0 rebuilds it while the others wait at a barrier.
 
 On local storage a cache is built in a sibling directory and renamed into place. On `s3://` the arrays are
-uploaded first and the manifest last; each node downloads a cache once (under a file lock, into the
-system's temporary directory) and maps its local copy.
+uploaded first, under a prefix of the build's own (`<key>/<build>/rows-00000.npy`, named by the manifest's
+`prefix`), and the manifest last; each node downloads a cache once (under a file lock, into the system's
+temporary directory) and maps its local copy. Nothing committed is ever deleted, so two runs building one
+key cannot pull a cache from under each other.
 """
 
 from __future__ import annotations
@@ -69,16 +71,33 @@ def root_of(storage: str) -> tuple[pafs.FileSystem, str]:
     return fs, f"{path.rstrip('/')}/.cache/data"
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of the files `save_pretrained` writes: vocabulary, merges, special tokens, chat template."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+
+
+def tokenizer_fingerprint(source: str | None, get_tokenizer: Callable[[], Any]) -> str:
+    """A hash of the tokenizer's files. A local directory (`model.tokenizer`, else `model.path`) is hashed as it
+    is, every top-level file but weights, so a cache that is there is found without loading transformers or the
+    tokenizer; a hub id is loaded and the files `save_pretrained` writes for it are hashed."""
     digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(prefix="trainlift-tok-") as out:
-        tokenizer.save_pretrained(out)
-        for name in sorted(os.listdir(out)):
+
+    def add_files(directory: str, names: Sequence[str]) -> None:
+        for name in sorted(names):
             digest.update(name.encode())
-            with open(os.path.join(out, name), "rb") as fh:
+            with open(os.path.join(directory, name), "rb") as fh:
                 digest.update(fh.read())
+
+    if source is not None and os.path.isdir(source):
+        add_files(source, [e.name for e in os.scandir(source) if e.is_file() and not e.name.endswith(WEIGHT_SUFFIXES)])
+        return digest.hexdigest()
+    with tempfile.TemporaryDirectory(prefix="trainlift-tok-") as out:
+        get_tokenizer().save_pretrained(out)
+        digest.update(b"saved")
+        add_files(out, os.listdir(out))
     return digest.hexdigest()
+
+
+def tokenizer_source(spec) -> str | None:
+    return spec.model.tokenizer or spec.model.path
 
 
 def cache_key(split: Split, tokenizer_hash: str) -> str:
@@ -126,34 +145,52 @@ def _write_shards(split: Split, tokenizer, out: str) -> dict:
 
 
 def build(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> dict:
-    """Build the cache for `key` and commit it: the manifest appears only once every array file is in place."""
+    """Build the cache for `key` and commit it: the manifest appears only once every array file is in place.
+    Runs building the same key may race: a committed cache is never removed or overwritten, the loser drops
+    its copy and returns the winner's manifest."""
     local = isinstance(fs, pafs.LocalFileSystem)
     if local:
         os.makedirs(root, exist_ok=True)
-    staging = os.path.join(root, f".{key}.partial-{uuid.uuid4().hex[:8]}") if local else tempfile.mkdtemp(prefix="trainlift-data-")
+    build_id = uuid.uuid4().hex[:8]
+    staging = os.path.join(root, f".{key}.partial-{build_id}") if local else tempfile.mkdtemp(prefix="trainlift-data-")
     os.makedirs(staging, exist_ok=True)
     try:
         manifest = {**_write_shards(split, tokenizer, staging), "key": key}
-        final = f"{root}/{key}"
         if local:
-            with open(os.path.join(staging, MANIFEST), "w") as fh:
-                json.dump(manifest, fh)
-            shutil.rmtree(final, ignore_errors=True)
-            try:
-                os.rename(staging, final)
-            except OSError:  # another run committed the same key first
-                if verified(final, key) is None:
-                    raise
-        else:
-            with contextlib.suppress(FileNotFoundError, OSError):
-                fs.delete_dir(final)
-            fs.create_dir(final)
-            for name in manifest["files"]:
-                pafs.copy_files(os.path.join(staging, name), f"{final}/{name}", destination_filesystem=fs)
-            with fs.open_output_stream(f"{final}/{MANIFEST}") as fh:
-                fh.write(json.dumps(manifest).encode())
+            return _commit_local(staging, f"{root}/{key}", manifest)
+        return _commit_remote(fs, staging, f"{root}/{key}", {**manifest, "prefix": f"{build_id}/"})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _commit_local(staging: str, final: str, manifest: dict) -> dict:
+    """Rename the staged directory into place. A rename onto a non-empty directory fails, so of two builders one
+    wins; the other uses the winner's cache. An unsound directory in the way (a crash mid-copy) is moved aside."""
+    with open(os.path.join(staging, MANIFEST), "w") as fh:
+        json.dump(manifest, fh)
+    for _ in range(3):
+        try:
+            os.rename(staging, final)
+            return manifest
+        except OSError:
+            if (winner := verified(final, manifest["key"])) is not None:
+                return winner
+            aside = f"{staging}.stale"
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(f"could not commit the data cache at {final}: it keeps changing under this run")
+
+
+def _commit_remote(fs: pafs.FileSystem, staging: str, final: str, manifest: dict) -> dict:
+    """Object stores have no rename: the arrays go under a prefix of this build's own, then the manifest names
+    them. Nothing is deleted, so a cache that a reader has opened stays whole whichever builder writes last."""
+    if (winner := read_manifest(fs, final, manifest["key"])) is not None:
+        return winner
+    for name in manifest["files"]:
+        pafs.copy_files(os.path.join(staging, name), f"{final}/{manifest['prefix']}{name}", destination_filesystem=fs)
+    with fs.open_output_stream(f"{final}/{MANIFEST}") as fh:
+        fh.write(json.dumps(manifest).encode())
     return manifest
 
 
@@ -162,7 +199,7 @@ def read_manifest(fs: pafs.FileSystem, directory: str, key: str) -> dict | None:
     try:
         with fs.open_input_stream(f"{directory}/{MANIFEST}") as fh:
             manifest = json.loads(fh.read())
-        infos = fs.get_file_info([f"{directory}/{name}" for name in manifest["files"]])
+        infos = fs.get_file_info([f"{directory}/{manifest.get('prefix', '')}{name}" for name in manifest["files"]])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if manifest.get("version") != VERSION or manifest.get("key") != key:
@@ -210,9 +247,10 @@ def local_copy(fs: pafs.FileSystem, root: str, key: str) -> str | None:
         shutil.rmtree(target, ignore_errors=True)
         staging = tempfile.mkdtemp(prefix=f".{key}-", dir=base)
         for name in manifest["files"]:
-            pafs.copy_files(f"{root}/{key}/{name}", os.path.join(staging, name), source_filesystem=fs)
+            pafs.copy_files(f"{root}/{key}/{manifest.get('prefix', '')}{name}", os.path.join(staging, name),
+                            source_filesystem=fs)
         with open(os.path.join(staging, MANIFEST), "w") as fh:
-            json.dump(manifest, fh)
+            json.dump({**manifest, "prefix": ""}, fh)
         os.rename(staging, target)
         return target if verified(target, key) is not None else None
 
@@ -267,15 +305,16 @@ def open_packed(directory: str, manifest: dict) -> data.Packed:
     return data.Packed(rows, MappedMembers(rows), manifest["truncated"], manifest["tokens"])
 
 
-def prepare_splits(spec, tokenizer) -> dict[str, dict]:
+def prepare_splits(spec, get_tokenizer: Callable[[], Any]) -> dict[str, dict]:
     """On the driver: each split's cache key, built when missing or unsound. Rows are checked while
-    building, so bad data fails here with `file:row`; a cache that exists was checked when it was built."""
+    building, so bad data fails here with `file:row`; a cache that exists was checked when it was built.
+    `get_tokenizer` is called only to build a cache or to hash a tokenizer that is not a local directory."""
     fs, root = root_of(spec.run.storage)
-    tokenizer_hash = tokenizer_fingerprint(tokenizer)
+    tokenizer_hash = tokenizer_fingerprint(tokenizer_source(spec), get_tokenizer)
     out = {}
     for name, split in splits(spec).items():
         key = cache_key(split, tokenizer_hash)
-        out[name] = {"key": key, "built": ensure(fs, root, key, split, lambda: tokenizer)}
+        out[name] = {"key": key, "built": ensure(fs, root, key, split, get_tokenizer)}
     return out
 
 
@@ -289,7 +328,7 @@ def load_splits(spec, get_tokenizer: Callable[[], Any], rank: int, keys: dict[st
     fs, root = root_of(spec.run.storage)
     todo = splits(spec)
     if keys is None:
-        tokenizer_hash = tokenizer_fingerprint(get_tokenizer())
+        tokenizer_hash = tokenizer_fingerprint(tokenizer_source(spec), get_tokenizer)
         keys = {name: {"key": cache_key(split, tokenizer_hash)} for name, split in todo.items()}
     if rank == 0:
         for name, split in todo.items():

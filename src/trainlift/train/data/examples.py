@@ -24,13 +24,15 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from trainlift.errors import UsageError
 from trainlift.train.data import source as datasource
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE = -100
 REQUIRED_KEYS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
@@ -50,22 +52,12 @@ class Packed:
     tokens: int = field(default=0)
 
 
-def read_jsonl(path: str | Path, fmt: str) -> list[dict[str, Any]]:
-    """Parse and check every line; errors name file:line."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: data file not found", hint="check data.train / data.eval")
+def read_jsonl(path: str | Path, fmt: str, field: str = "--data") -> list[dict[str, Any]]:
+    """Every row of a JSONL file (or a directory of them, or s3://), each checked; errors name file:line."""
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            check_row(row, fmt, f"{path}:{lineno}")
-            rows.append(row)
+    for where, row in datasource.iter_rows(datasource.resolve(str(path), field)):
+        check_row(row, fmt, where)
+        rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no examples in the file")
     return rows
@@ -271,6 +263,8 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
 
 def collate(rows: list[dict]) -> dict:
     """Tensors for the model plus `num_tokens`, the count of real (non-padding) tokens."""
+    import torch  # here, not at import: the driver builds the data cache without torch
+
     batch = {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).long()
              for k in ("input_ids", "labels", "position_ids")}
     batch["num_tokens"] = int(sum(r.get("num_tokens", len(r["input_ids"])) for r in rows))

@@ -36,8 +36,7 @@ def materialize(path: str, config: dict[str, Any] | str, tokenizer_path: str, se
     if (out / "config.json").exists():
         return False
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(build_config(config, tokenizer))
+    model = random_model(config, tokenizer, seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return True
@@ -47,9 +46,13 @@ def load_model(model_spec, seed: int) -> torch.nn.Module:
     """The whole model in fp32 on the CPU, unsharded (the training recipe uses `weights` instead)."""
     if model_spec.path is not None:
         return AutoModelForCausalLM.from_pretrained(model_spec.path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_spec.tokenizer)
+    return random_model(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer), seed)
+
+
+def random_model(config: dict[str, Any] | str, tokenizer, seed: int) -> torch.nn.Module:
+    """The whole model from `config`, initialised as transformers does under `seed`."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(build_config(model_spec.config, tokenizer))
+    return AutoModelForCausalLM.from_config(build_config(config, tokenizer))
 
 
 def sharded_config(model_spec) -> PretrainedConfig:

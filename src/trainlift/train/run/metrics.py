@@ -6,37 +6,52 @@ import json
 import os
 import tempfile
 
+from typing import TYPE_CHECKING
+
 import pyarrow.fs as pafs
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+
+class LocalMirror:
+    """A local path standing for `remote` on `fs`: `remote` itself on a local filesystem; on object storage a
+    temporary copy (of a file named `name`, seeded from the remote one when it exists; else of a directory) that
+    `upload()` copies back."""
+
+    def __init__(self, fs: pafs.FileSystem, remote: str, name: str | None = None):
+        self.fs, self.remote = fs, remote
+        self.is_local = isinstance(fs, pafs.LocalFileSystem)
+        if self.is_local:
+            self.path = remote
+            return
+        directory = tempfile.mkdtemp(prefix="trainlift-mirror-")
+        self.path = os.path.join(directory, name) if name else directory
+        if name and fs.get_file_info(remote).type == pafs.FileType.File:
+            pafs.copy_files(remote, self.path, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+
+    def upload(self) -> None:
+        if not self.is_local:
+            pafs.copy_files(self.path, self.remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
 
 
 class JsonlSink:
     """Appends one JSON object per line to <run>/metrics.jsonl.
 
-    On a local filesystem it appends in place. On object storage it keeps a
-    local copy (seeded from the existing file, so a resumed run appends) and
-    uploads it on `flush()`, which the recipe calls at checkpoint and
-    evaluation boundaries and at the end.
+    On object storage it appends to a local mirror of the file (so a resumed run appends) and uploads it on
+    `flush()`, which the recipe calls at checkpoint and evaluation boundaries and at the end.
     """
 
     def __init__(self, fs: pafs.FileSystem, path: str):
-        self.fs, self.path = fs, path
-        self.local = isinstance(fs, pafs.LocalFileSystem)
-        if self.local:
-            self.file_path = path
-        else:
-            self.file_path = os.path.join(tempfile.mkdtemp(prefix="trainlift-metrics-"), "metrics.jsonl")
-            if fs.get_file_info(path).type == pafs.FileType.File:
-                pafs.copy_files(path, self.file_path, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-        self._fh = open(self.file_path, "a", encoding="utf-8")
+        self.mirror = LocalMirror(fs, path, "metrics.jsonl")
+        self._fh = open(self.mirror.path, "a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
 
     def flush(self) -> None:
-        if not self.local:
-            pafs.copy_files(self.file_path, self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+        self.mirror.upload()
 
     def close(self, summary: dict | None = None) -> None:
         self.flush()
@@ -60,6 +75,8 @@ def device_peak_flops(device: torch.device) -> float | None:
     """Dense bf16 peak of this GPU from the hardware catalog; None on CPU or an unknown GPU."""
     if device.type != "cuda":
         return None
+    import torch
+
     from trainlift.catalog import peak_flops_for_device_name
 
     return peak_flops_for_device_name(torch.cuda.get_device_name(device))

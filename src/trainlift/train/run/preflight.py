@@ -1,10 +1,145 @@
-"""Checks a worker runs before it trains: the software stack, then the NCCL transport actually chosen."""
+"""What is checked before training: on the driver before Ray starts (`check`, `check_model_readable_by_workers`),
+and on each worker before its first step (`check_stack`, then `check_transport` after the first collective)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import classify_log_text
 from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
+from trainlift.errors import UsageError
+from trainlift.train.data import source as datasource
+from trainlift.train.run import trackers
+
+
+def _local(path: str | None) -> str | None:
+    """Absolute form of a local path; URIs pass through."""
+    return path if path is None or "://" in path else str(Path(path).expanduser().resolve())
+
+
+def _local_if_exists(path: str | None) -> str | None:
+    """Local paths that exist become absolute; anything else (a hub id) passes through."""
+    return _local(path) if path is not None and Path(path).expanduser().exists() else path
+
+
+def resolve_paths(spec: JobSpec) -> JobSpec:
+    """Make local paths absolute: Ray workers do not run in the driver's directory."""
+    resolved = spec.model_copy(deep=True)
+    model = resolved.model
+    model.path = _local(model.path) if model.config is not None else _local_if_exists(model.path)
+    model.tokenizer = _local_if_exists(model.tokenizer)
+    if isinstance(model.config, str):
+        model.config = _local(model.config)
+    resolved.data.train = _local(spec.data.train)
+    resolved.data.eval = _local(spec.data.eval)
+    resolved.run.storage = _local(spec.run.storage)
+    return resolved
+
+
+def check_remote_storage(uri: str) -> None:
+    """Credentials, endpoint and bucket work, before any worker starts."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        bucket_type = fs.get_file_info(path.split("/", 1)[0]).type
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"run.storage: cannot reach {uri} ({str(exc).splitlines()[0]})",
+                         hint="check AWS credentials, AWS_REGION and AWS_ENDPOINT_URL") from None
+    if bucket_type == pafs.FileType.NotFound:
+        raise UsageError(f"run.storage: bucket of {uri} does not exist", hint="create it or fix run.storage")
+
+
+def check_run_dir(spec: JobSpec) -> None:
+    if spec.is_remote_storage:
+        check_remote_storage(spec.run_uri)
+        return
+    run_dir = Path(spec.run_uri)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"run.storage: cannot write to {run_dir} ({exc.strerror})",
+                         hint="choose a writable directory with --run-dir or --set run.storage=...") from None
+
+
+def model_config(spec: JobSpec):
+    """The model's transformers config: from model.path, model.config, or the hub."""
+    from transformers import AutoConfig
+
+    from trainlift.train.model.build import build_config
+
+    if spec.model.path and (Path(spec.model.path) / "config.json").exists():
+        return AutoConfig.from_pretrained(spec.model.path)
+    if spec.model.config is not None:
+        return build_config(spec.model.config)
+    try:
+        return AutoConfig.from_pretrained(spec.model.path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"model.path: cannot load a model config from {spec.model.path!r}",
+                         hint="give a local model directory, a reachable hub id, or model.config") from exc
+
+
+def _config_fields(spec: JobSpec) -> dict[str, Any] | None:
+    """The model's config as written (config.json or model.config), without transformers; None for a hub id."""
+    if spec.model.path and (Path(spec.model.path) / "config.json").exists():
+        return json.loads((Path(spec.model.path) / "config.json").read_text())
+    if isinstance(spec.model.config, str):
+        return json.loads(Path(spec.model.config).read_text())
+    return spec.model.config
+
+
+def max_positions(spec: JobSpec) -> int | None:
+    fields = _config_fields(spec)
+    if fields is not None and (limit := fields.get("max_position_embeddings") or fields.get("n_positions")):
+        return limit
+    from trainlift.train.model.build import max_positions as of_config  # a default of the model class, or a hub id
+
+    return of_config(model_config(spec))
+
+
+def check(spec: JobSpec) -> JobSpec:
+    """Everything the driver checks before Ray starts; returns the spec with local paths made absolute, or raises one
+    clear error. Data files exist and have the format's columns (their rows are checked as the data cache is
+    built), seq_len fits the model, LoRA fits it, trackers are installed and reachable, storage is writable."""
+    spec = resolve_paths(spec)
+    for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
+        if path is not None:
+            datasource.check_schema(datasource.resolve(path, name), spec.data.format, spec.data.columns)
+    limit = max_positions(spec)
+    if limit is not None and spec.data.seq_len > limit:
+        raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
+                         hint=f"--set data.seq_len={limit}")
+    if spec.model.lora is not None:
+        from trainlift.train.model import lora
+
+        lora.validate(model_config(spec), spec.model.lora)
+    trackers.check(spec)
+    check_run_dir(spec)
+    return spec
+
+
+def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str) -> None:
+    """model.config with a local model.path builds the model on the driver's disk: workers on other hosts cannot
+    read it there, unless it lies under a local run.storage (which a multi-node run mounts on every node)."""
+    model = spec.model
+    if model.config is None or not model.path or "://" in model.path:
+        return
+    others = node_ips - {driver_ip}
+    if not others:
+        return
+    if not spec.is_remote_storage and Path(model.path).is_relative_to(spec.run.storage):
+        return
+    raise UsageError(f"model.path: {model.path} would be built on this machine's disk, which workers on "
+                     f"{len(others)} other node(s) cannot read",
+                     hint="drop model.path (each worker builds the same model from model.config and train.seed) "
+                     "or put it under a run.storage volume that every node mounts")
 
 
 class PreflightError(RuntimeError):

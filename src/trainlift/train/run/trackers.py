@@ -16,7 +16,6 @@ import os
 import queue
 import re
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -121,17 +120,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 class TensorBoardTracker:
-    """Event files in <run>/tensorboard/; on object storage written locally and uploaded on flush."""
+    """Event files in <run>/tensorboard/; on object storage written to a local mirror and uploaded on flush."""
 
     def __init__(self, spec: JobSpec, fs: pafs.FileSystem, run_path: str, resumed_at: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.fs, self.remote_dir = fs, f"{run_path}/tensorboard"
-        self.local = isinstance(fs, pafs.LocalFileSystem)
-        log_dir = self.remote_dir if self.local else tempfile.mkdtemp(prefix="trainlift-tensorboard-")
-        self.log_dir = log_dir
+        self.mirror = metrics.LocalMirror(fs, f"{run_path}/tensorboard")
         # purge_step: after a restart from step N, TensorBoard hides what an earlier attempt logged past N.
-        self.writer = SummaryWriter(log_dir, purge_step=resumed_at + 1, flush_secs=3600)
+        self.writer = SummaryWriter(self.mirror.path, purge_step=resumed_at + 1, flush_secs=3600)
         spec_yaml = redact(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         self.writer.add_text("job_spec", "```yaml\n" + spec_yaml + "```", global_step=resumed_at)
 
@@ -145,9 +141,7 @@ class TensorBoardTracker:
 
     def flush(self) -> None:
         self.writer.flush()
-        if not self.local:
-            pafs.copy_files(self.log_dir, self.remote_dir, source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=self.fs)
+        self.mirror.upload()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         self.writer.close()
