@@ -114,3 +114,15 @@ def test_rejected_credentials_is_one_line(aws_env):
     line = _one_line(result)
     assert result.returncode == 1 and "AWS rejected the credentials (InvalidClientTokenId" in line
     assert "testing" not in line
+
+
+def test_region_comes_from_aws_region_when_not_given(aws_env):
+    result = _cli(["capacity", "p5.48xlarge", "--json"], {**aws_env, "AWS_REGION": "us-east-2"})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["region"] == "us-east-2" and data["offered_zones"] == ["us-east-2a", "us-east-2b", "us-east-2c"]
+
+
+def test_no_region_anywhere_is_one_line(aws_env):
+    result = _cli(["capacity", "p5.48xlarge"], aws_env)
+    assert result.returncode == 2 and "no AWS region" in _one_line(result)

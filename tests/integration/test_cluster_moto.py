@@ -1,8 +1,9 @@
 """`trainlift cluster up | status | down` against a moto server: dry runs change nothing, state is
 observed through the EKS API, a run that fails part way is continued by the next one.
 
-eksctl is replaced by a small script that makes the same EKS calls against the server; helm and
-kubectl are absent on purpose, so their observations are unknown and applying stops at them.
+eksctl is replaced by a small script that makes the same EKS calls against the server (tagging the
+cluster with the ClusterConfig's metadata.tags, as eksctl does). helm and kubectl are stand-ins that
+cannot reach a Kubernetes API server, so their observations are unknown and applying stops at helm.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import yaml
 from typer.testing import CliRunner
 
 from trainlift.cli import app
-from trainlift.ops.run import CommandFailed, ToolMissing
+from trainlift.errors import TrainliftError
+from trainlift.ops.run import CommandFailed
 
 h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
 REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "cluster-reference.yaml"
@@ -45,7 +47,8 @@ if verb in ("create cluster", "create nodegroup"):
         return found[0]["SubnetId"]
     if verb == "create cluster":
         eks.create_cluster(name=meta["name"], version=meta["version"], roleArn="arn:aws:iam::123456789012:role/eks",
-                           resourcesVpcConfig={{"subnetIds": [subnet(z) for z in cfg["availabilityZones"]]}})
+                           resourcesVpcConfig={{"subnetIds": [subnet(z) for z in cfg["availabilityZones"]]}},
+                           tags=meta.get("tags", {{}}))
     else:
         name = opt("--include")
         if os.environ.get("FAKE_EKSCTL_FAIL") == name:
@@ -62,7 +65,10 @@ elif verb == "delete nodegroup":
     boto3.client("eks", region_name=opt("--region")).delete_nodegroup(clusterName=opt("--cluster"),
                                                                        nodegroupName=opt("--name"))
 elif verb == "delete cluster":
-    boto3.client("eks", region_name=opt("--region")).delete_cluster(name=opt("--name"))
+    eks, cfn = (boto3.client(s, region_name=opt("--region")) for s in ("eks", "cloudformation"))
+    if opt("--name") in eks.list_clusters()["clusters"]:
+        eks.delete_cluster(name=opt("--name"))
+    cfn.delete_stack(StackName="eksctl-" + opt("--name") + "-cluster")
 else:
     sys.exit("unexpected eksctl call: " + " ".join(args))
 '''
@@ -104,18 +110,39 @@ def _cli(args: list[str], env: dict[str, str], tools: Path, extra: dict[str, str
                           env={**base, **env, **(extra or {}), "PATH": path})
 
 
+# kubectl and helm without a reachable API server: every read fails; kubectl's writes are accepted.
+FAKE_KUBECTL = """#!/bin/sh
+case " $* " in *" get "*) echo 'error: You must be logged in to the server (Unauthorized)' >&2; exit 1;; esac
+exit 0
+"""
+FAKE_HELM = """#!/bin/sh
+echo 'Error: Kubernetes cluster unreachable: the server has asked for the client to provide credentials' >&2
+exit 1
+"""
+
+
+def _tool_dir(path: Path, scripts: dict[str, str]) -> Path:
+    path.mkdir()
+    for name, text in scripts.items():
+        (path / name).write_text(text)
+        (path / name).chmod(0o755)
+    return path
+
+
 @pytest.fixture
 def tools(tmp_path) -> Path:
-    """A PATH directory holding only the eksctl stand-in."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "eksctl"
-    script.write_text(FAKE_EKSCTL.format(python=sys.executable))
-    script.chmod(0o755)
-    return bin_dir
+    """A PATH directory with the eksctl, kubectl, helm and aws stand-ins."""
+    return _tool_dir(tmp_path / "bin", {"eksctl": FAKE_EKSCTL.format(python=sys.executable), "kubectl": FAKE_KUBECTL,
+                                        "helm": FAKE_HELM, "aws": "#!/bin/sh\nexit 0\n"})
 
 
-def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path):
+@pytest.fixture
+def on_path(tools, monkeypatch) -> Path:
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tools), str(Path(sys.executable).parent)]))
+    return tools
+
+
+def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path, on_path):
     before = _world("us-east-2")
     out_dir = tmp_path / "out"
     result = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--dir", str(out_dir)])
@@ -124,13 +151,13 @@ def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path):
     for expected in (
         "capacity  gpu-workers: us-east-2a (pinned in the spec; offered there)",
         f"eksctl create cluster -f {out_dir}/eksctl.yaml --without-nodegroup",
-        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include system-nodes",
-        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include gpu-workers",
+        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include system-nodes --install-nvidia-plugin=false",
+        f"eksctl create nodegroup -f {out_dir}/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false",
         "helm upgrade --install nvidia-device-plugin", "helm upgrade --install aws-efa-k8s-device-plugin",
         "helm upgrade --install kuberay-operator",
         f"apply --server-side --field-manager=trainlift -f {out_dir}/k8s/20-raycluster.yaml",
         "wait until head-ready", "wait until workers-running=2", "wait until nodes/gpu-workers",
-        "trainlift doctor --address ray://127.0.0.1:10001 --expect-fabric efa",
+        "trainlift doctor --address http://127.0.0.1:18265 --expect-fabric efa",
     ):
         assert expected in text, expected
     assert _world("us-east-2") == before and before["clusters"] == [] and before["instances"] == []
@@ -138,9 +165,10 @@ def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path):
     assert rendered["metadata"]["annotations"]["trainlift.io/spec-sha256"]
     eksctl_cfg = yaml.safe_load((out_dir / "eksctl.yaml").read_text())
     assert eksctl_cfg["managedNodeGroups"][1]["availabilityZones"] == ["us-east-2a"]
+    assert eksctl_cfg["metadata"]["tags"] == {"trainlift.io/cluster": "ray-train"}
 
 
-def test_dry_run_json_and_an_unpinned_group_gets_the_recommended_az(aws_env, tmp_path):
+def test_dry_run_json_and_an_unpinned_group_gets_the_recommended_az(aws_env, tmp_path, on_path):
     data = yaml.safe_load(REFERENCE.read_text())
     data["availability_zones"] = []
     data["workers"][0]["availability_zones"] = []
@@ -156,14 +184,29 @@ def test_dry_run_json_and_an_unpinned_group_gets_the_recommended_az(aws_env, tmp
     assert cfg["availabilityZones"] == ["us-east-2a", "us-east-2b"]
 
 
-def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, tools, monkeypatch):
-    spec, out = str(_spec_in(tmp_path, "us-west-2")), str(tmp_path / "state")
-    ec2 = boto3.client("ec2", region_name="us-west-2")
+def _subnets(region: str) -> None:
+    ec2 = boto3.client("ec2", region_name=region)
     vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
-    for i, az in enumerate(("us-west-2a", "us-west-2b")):
+    for i, az in enumerate((f"{region}a", f"{region}b")):
         ec2.create_subnet(VpcId=vpc, CidrBlock=f"172.31.{200 + i}.0/24", AvailabilityZone=az)
-    log = tmp_path / "eksctl.log"
+
+
+def test_up_with_a_tool_missing_creates_nothing(aws_env, tmp_path, tools, monkeypatch):
+    (tools / "helm").unlink()
     monkeypatch.setenv("PATH", os.pathsep.join([str(tools), str(Path(sys.executable).parent)]))
+    spec = str(_spec_in(tmp_path, "us-west-2"))
+    _subnets("us-west-2")
+    before = _world("us-west-2")
+    result = CliRunner().invoke(app, ["cluster", "up", spec, "--yes", "--dir", str(tmp_path / "state")])
+    assert result.exit_code == 1 and isinstance(result.exception, TrainliftError)
+    assert "blocked at command-line tools" in result.exception.one_line() and "helm" in result.exception.one_line()
+    assert _world("us-west-2") == before and before["clusters"] == []
+
+
+def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, on_path, monkeypatch):
+    spec, out = str(_spec_in(tmp_path, "us-west-2")), str(tmp_path / "state")
+    _subnets("us-west-2")
+    log = tmp_path / "eksctl.log"
     monkeypatch.setenv("FAKE_EKSCTL_LOG", str(log))
     monkeypatch.setenv("FAKE_EKSCTL_FAIL", "gpu-workers")
     eks = boto3.client("eks", region_name="us-west-2")
@@ -174,24 +217,26 @@ def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, tools, monkey
     first = cli("up", "--yes")
     assert first.exit_code == 1 and isinstance(first.exception, CommandFailed)
     message = first.exception.one_line()
-    assert f"`eksctl create nodegroup -f {out}/eksctl.yaml --include gpu-workers` exited 1" in message
+    assert f"`eksctl create nodegroup -f {out}/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false` exited 1" in message
     assert "InsufficientInstanceCapacity" in message
 
     status = cli("status", "--json")
     assert status.exit_code == 0, status.output
     plan = {s["key"]: s for s in json.loads(status.stdout)["steps"]}
+    assert plan["ownership"]["observed"] == "tagged"
     assert plan["control-plane"]["action"] == "nothing" and plan["nodegroup/system-nodes"]["action"] == "nothing"
     assert plan["nodegroup/gpu-workers"]["action"] == "create"
-    assert "kubectl not found (install kubectl" in plan["namespace"]["observed"]
-    assert "helm not found (install Helm 3" in plan["helm/kuberay-operator"]["observed"]
+    assert "Unauthorized" in plan["namespace"]["observed"]
+    assert "Kubernetes cluster unreachable" in plan["helm/kuberay-operator"]["observed"]
 
     monkeypatch.delenv("FAKE_EKSCTL_FAIL")
     second = cli("up", "--yes")
-    assert isinstance(second.exception, ToolMissing)
-    assert second.exception.one_line() == "helm not found on PATH (install Helm 3: https://helm.sh/docs/intro/install/)"
-    calls = [c.split(" -f ")[0] + " " + c.split()[-1] for c in log.read_text().splitlines()]
-    assert calls == ["create cluster --without-nodegroup", "create nodegroup system-nodes",
-                     "create nodegroup gpu-workers", "create nodegroup gpu-workers"]
+    assert isinstance(second.exception, CommandFailed) and "Kubernetes cluster unreachable" in second.exception.message
+    assert second.exception.result.cmd[:4] == ("helm", "upgrade", "--install", "nvidia-device-plugin")
+    calls = [" ".join(c.split()[:2]) + " " + (c.split("--include ")[1].split()[0] if "--include" in c else "")
+             for c in log.read_text().splitlines()]
+    assert calls == ["create cluster ", "create nodegroup system-nodes", "create nodegroup gpu-workers",
+                     "create nodegroup gpu-workers"]
     assert sorted(eks.list_nodegroups(clusterName="ray-train")["nodegroups"]) == ["gpu-workers", "system-nodes"]
 
     down = cli("down", "--yes")
@@ -200,6 +245,36 @@ def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, tools, monkey
     assert eks.list_clusters()["clusters"] == []
     again = cli("down", "--yes")
     assert again.exit_code == 0 and "0 with work to do" in again.stdout
+
+
+def test_down_deletes_only_a_cluster_trainlift_created(aws_env, tmp_path, on_path):
+    _subnets("us-east-2")
+    eks = boto3.client("eks", region_name="us-east-2")
+    subnets = [s["SubnetId"] for s in boto3.client("ec2", region_name="us-east-2").describe_subnets()["Subnets"]][:2]
+    eks.create_cluster(name="ray-train", roleArn="arn:aws:iam::123456789012:role/eks",
+                       resourcesVpcConfig={"subnetIds": subnets}, tags={"team": "search"})
+    args = ["cluster", "down", str(REFERENCE), "--yes", "--dir", str(tmp_path / "o")]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1 and "pass --force to delete it anyway" in refused.exception.one_line()
+    assert eks.list_clusters()["clusters"] == ["ray-train"]
+    forced = CliRunner().invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert eks.list_clusters()["clusters"] == []
+
+
+def test_a_stack_left_by_a_failed_create_is_seen_and_deleted(aws_env, tmp_path, on_path):
+    cfn = boto3.client("cloudformation", region_name="us-east-2")
+    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}}
+    cfn.create_stack(StackName="eksctl-ray-train-cluster", TemplateBody=json.dumps(template),
+                     Tags=[{"Key": "trainlift.io/cluster", "Value": "ray-train"}])
+    out = str(tmp_path / "o")
+    up = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--json", "--dir", out])
+    control = next(s for s in json.loads(up.stdout)["steps"] if s["key"] == "control-plane")
+    assert "stack eksctl-ray-train-cluster CREATE_COMPLETE" in control["observed"]
+    assert control["commands"][0] == "eksctl delete cluster --name ray-train --region us-east-2 --wait"
+    down = CliRunner().invoke(app, ["cluster", "down", str(REFERENCE), "--yes", "--dir", out])
+    assert down.exit_code == 0, down.output
+    assert [s["StackStatus"] for s in cfn.list_stacks()["StackSummaries"]] == ["DELETE_COMPLETE"]
 
 
 def test_bad_input_is_one_line(aws_env, tmp_path, tools):

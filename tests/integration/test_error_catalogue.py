@@ -69,6 +69,8 @@ def ws(tiny_assets, tmp_path_factory):
         "too_many_gpus": str(root / "too_many_gpus.yaml"),
         "no_efa": str(root / "no_efa.yaml"),
         "cluster_key": str(root / "cluster_key.yaml"),
+        "role_cluster": str(root / "role_cluster.yaml"),
+        "s3_run": spec("s3_run.yaml", lambda s: s["run"].update(storage="s3://someone-elses-bucket/runs")),
     }
     (root / "bad.jsonl").write_text(json.dumps(CHAT) + "\n{oops\n")
     (root / "nokey.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
@@ -93,6 +95,7 @@ def ws(tiny_assets, tmp_path_factory):
     cluster_file("too_many_gpus", lambda c: c["workers"][0].update(gpus=8))
     cluster_file("no_efa", lambda c: (c["workers"][0].update(instance_type="g6.4xlarge"), c.update(fabric="efa")))
     cluster_file("cluster_key", lambda c: c.update(regoin="us-east-1"))
+    cluster_file("role_cluster", lambda c: c.update(storage={"s3": {"uri": "s3://my-trainlift-checkpoints/ray-train"}}))
     return root, files
 
 
@@ -126,6 +129,8 @@ CASES = {
     "submit-no-address": lambda f, r: ["submit", "good.yaml", "--working-dir", r],
     "submit-bad-env": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env", "MY-VAR=1",
                                     "--address", "http://127.0.0.1:9"],
+    "submit-storage-outside-the-role": lambda f, r: ["submit", f["s3_run"], "--working-dir", r, "--address",
+                                                     "http://127.0.0.1:9", "--cluster", f["role_cluster"]],
     "submit-secret-on-command-line": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env",
                                                    "HF_TOKEN=hf_plantedsecretvalue0123456789"],
     "submit-env-not-in-shell": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env",

@@ -37,8 +37,8 @@ def cli(home, *args, cwd=None, timeout=300, **extra_env):
 
 @pytest.fixture(scope="module")
 def head(home):
-    """`trainlift local up` on a free loopback port; `local down` afterwards."""
-    up = cli(home, "local", "up", "--port", str(free_port()), "--num-cpus", "4", "--json")
+    """`trainlift local up` on a free loopback port, started from a shell holding a token; `local down` afterwards."""
+    up = cli(home, "local", "up", "--port", str(free_port()), "--num-cpus", "4", "--json", HF_TOKEN=PLANTED_TOKEN)
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     yield state
@@ -60,6 +60,7 @@ def project(tiny_assets, tmp_path_factory):
     (root / "runs" / "old").mkdir(parents=True)
     (root / "runs" / "old" / "leftover.bin").write_bytes(b"x" * 1000)
     (root / ".env").write_text(f"HF_TOKEN={PLANTED_TOKEN}\n")
+    (root / ".gitignore").write_text("*.yaml\n!job.yaml\n")  # must not trim trainlift's own catalog/*.yaml
     return root
 
 
@@ -76,8 +77,11 @@ def test_local_status_reports_the_head_and_its_dashboard_listens_on_loopback_onl
 
 
 def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project):
-    # The token reaches the job from this shell's environment, never through a command line.
-    result = cli(home, "submit", "job.yaml", "--env", "HF_TOKEN", "--json", cwd=project, HF_TOKEN=PLANTED_TOKEN)
+    # A token never travels in the job's runtime_env (the dashboard shows it): --env refuses it, in one line.
+    refused = cli(home, "submit", "job.yaml", "--env", "HF_TOKEN", "--json", cwd=project, HF_TOKEN=PLANTED_TOKEN)
+    assert refused.returncode == 2 and "Kubernetes Secret" in refused.stderr and refused.stdout == ""
+    assert PLANTED_TOKEN not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    result = cli(home, "submit", "job.yaml", "--json", cwd=project)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["status"] == "SUCCEEDED" and report["created"] and report["time_to_first_step_s"] > 0
@@ -96,8 +100,14 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     assert PLANTED_TOKEN not in logs + job_info + result.stdout + result.stderr + metrics
     from trainlift.ops import jobs
 
-    runtime_env = jobs.client(head["dashboard_url"]).get_job_info(job_id).runtime_env
-    assert runtime_env["env_vars"]["HF_TOKEN"] == PLANTED_TOKEN  # it did reach the job
+    client = jobs.client(head["dashboard_url"])
+    assert "HF_TOKEN" not in client.get_job_info(job_id).runtime_env["env_vars"]
+    # The token reaches a job from the environment the node was started in.
+    probe = client.submit_job(entrypoint="python -c \"import os; print('token chars', len(os.environ['HF_TOKEN']))\"")
+    deadline = time.monotonic() + 120
+    while str(client.get_job_status(probe).value) not in jobs.TERMINAL and time.monotonic() < deadline:
+        time.sleep(1)
+    assert f"token chars {len(PLANTED_TOKEN)}" in client.get_job_logs(probe)
 
 
 def test_uploads_skip_git_run_directories_and_credentials(home, head, project):
@@ -111,19 +121,24 @@ def test_uploads_skip_git_run_directories_and_credentials(home, head, project):
     while str(client.get_job_status(job_id).value) not in jobs.TERMINAL and time.monotonic() < deadline:
         time.sleep(1)
     listing = client.get_job_logs(job_id)
-    assert "job.yaml" in listing and ".git" not in listing and "'runs'" not in listing and ".env" not in listing
+    assert "job.yaml" in listing and "'.git'" not in listing and "'runs'" not in listing and "'.env'" not in listing
 
 
-def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_is_a_new_job(home, head, project):
+def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_waits_for_its_run(home, head, project):
     first = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=400",
                            cwd=project).stdout)
     again = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=400",
                            cwd=project).stdout)
     assert first["created"] and not again["created"] and again["submission_id"] == first["submission_id"]
     assert again["status"] in ("PENDING", "RUNNING")
+    # An edited spec on the same run would write into the same run directory: refused while the first is active.
+    edited = cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=401", cwd=project)
+    assert edited.returncode == 2 and edited.stdout == ""
+    assert f"already has an active job {first['submission_id']}" in edited.stderr
+    assert f"trainlift jobs stop {first['submission_id']}" in edited.stderr and "run.name" in edited.stderr
     other = json.loads(cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "train.steps=401",
-                           cwd=project).stdout)
-    assert other["submission_id"] != first["submission_id"]
+                           "--set", "run.name=sub-other", cwd=project).stdout)
+    assert other["created"] and other["submission_id"] != first["submission_id"]
 
     for job_id in (first["submission_id"], other["submission_id"]):
         stop = cli(home, "jobs", "stop", job_id, "--json")
@@ -173,3 +188,16 @@ def test_train_uses_the_local_head_when_one_is_running(home, head, project):
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["steps"] == 2
     assert "existing Ray cluster" in result.stderr and "Started a local Ray instance" not in result.stderr
+
+
+def test_doctor_through_the_dashboard_runs_the_probe_as_a_job_on_the_cluster(home, head):
+    """`doctor --address http://HEAD:8265` never connects this process to the cluster (Ray Client refuses a laptop
+    whose Ray or Python differs from the image's): it submits the every-node probe as a Ray job with trainlift as
+    a wheel and reads the report back from the job's log."""
+    result = cli(home, "doctor", "--address", head["dashboard_url"], "--json", timeout=600)
+    report = json.loads(result.stdout)
+    assert result.returncode == (0 if report["ok"] else 1), result.stderr
+    assert report["job_id"].startswith("trainlift-doctor-") and report["address"] == head["dashboard_url"]
+    assert len(report["nodes"]) == 1 and report["nodes"][0]["is_head"] and report["nodes"][0]["facts"]["python"]
+    jobs = json.loads(cli(home, "jobs", "list", "--address", head["dashboard_url"], "--json").stdout)
+    assert any(j["id"] == report["job_id"] and j["status"] == "SUCCEEDED" for j in jobs)

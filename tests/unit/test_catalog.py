@@ -121,7 +121,7 @@ def test_profiles_are_frozen():
 
 
 def test_chart_pins_and_image():
-    assert catalog.chart("kuberay-operator").version == "1.4.0"
+    assert catalog.chart("kuberay-operator").version == "1.7.0"
     assert catalog.chart("nvidia-device-plugin").repo == "https://nvidia.github.io/k8s-device-plugin"
     assert catalog.chart("aws-efa-k8s-device-plugin").version == "v0.5.32"
     assert catalog.image_ray_version("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1") == "2.58.0"

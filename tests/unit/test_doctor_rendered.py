@@ -69,3 +69,4 @@ def test_the_head_must_still_run_the_workers_versions():
     findings = [f for f in judge_nodes([old_ray, w0, w1], "efa") if f.severity == "error"]
     assert [(f.node, f.message) for f in findings] == [
         ("w0", "ray=2.58.0 on w0 differs from the head (2.57.0)"), ("w1", "ray=2.58.0 on w1 differs from the head (2.57.0)")]
+

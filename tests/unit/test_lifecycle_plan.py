@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops.kube import Node, RayState, Release
 from trainlift.ops.placement import Placement, place, resolve_spec
 from trainlift.ops.plan import Files, Observed, plan_down, plan_up
+from trainlift.ops.preflight import OWNER_TAG
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = cluster_spec_from_yaml((REPO / "examples" / "cluster-reference.yaml").read_text())
 FILES = Files(".trainlift/ray-train", raycluster_hash="h1")
+TAGS = {OWNER_TAG: "ray-train"}  # what trainlift puts on a cluster it creates
 PLACED = {"gpu-workers": Placement("gpu-workers", "us-east-2a", "pinned in the spec; offered there")}
 
 GROUPS = {
@@ -27,21 +30,24 @@ BARE = (SYSTEM_NODE, *(Node(f"ip-{i}", "gpu-worker", "gpu-workers", "g6.12xlarge
 READY = (SYSTEM_NODE, *(Node(f"ip-{i}", "gpu-worker", "gpu-workers", "g6.12xlarge", "us-east-2a", True, 4, 1)
                         for i in (2, 3)))
 RELEASES = {
-    "kuberay-operator": Release("kuberay-operator", "kuberay-operator", "deployed", "kuberay-operator-1.4.0"),
+    "kuberay-operator": Release("kuberay-operator", "kuberay-operator", "deployed", "kuberay-operator-1.7.0"),
     "nvidia-device-plugin": Release("nvidia-device-plugin", "kube-system", "deployed", "nvidia-device-plugin-0.20.0"),
     "aws-efa-k8s-device-plugin": Release("aws-efa-k8s-device-plugin", "kube-system", "deployed",
                                          "aws-efa-k8s-device-plugin-v0.5.32"),
 }
 HEALTHY = Observed("ACTIVE", GROUPS, READY, RELEASES, True, frozenset({"default", "ray-train"}),
-                   frozenset({"hf-token"}), RayState(True, "h1", "ready", True, 2))
+                   frozenset({"hf-token"}), RayState(True, "h1", "ready", True, 2), tags=TAGS,
+                   daemonsets={"aws-efa-k8s-device-plugin": "aws-efa-k8s-device-plugin"})
 
 STATES = {
     "nothing exists": Observed.nothing(),
-    "control plane creating": Observed("CREATING", {}, unknown={"kubernetes": "the control plane is CREATING"}),
-    "active, no node groups": Observed("ACTIVE", {}, (), {}, False, frozenset(), frozenset(), RayState(False)),
-    "node groups, no plugins": Observed("ACTIVE", GROUPS, BARE, {}, False, frozenset(), frozenset(), RayState(False)),
+    "control plane creating": Observed("CREATING", {}, tags=TAGS, unknown={"kubernetes": "the control plane is CREATING"}),
+    "active, no node groups": Observed("ACTIVE", {}, (), {}, False, frozenset(), frozenset(), RayState(False),
+                                       tags=TAGS, daemonsets={}),
+    "node groups, no plugins": Observed("ACTIVE", GROUPS, BARE, {}, False, frozenset(), frozenset(), RayState(False),
+                                        tags=TAGS, daemonsets={}),
     "everything healthy": HEALTHY,
-    "deleting": Observed("DELETING", {}, unknown={"kubernetes": "the control plane is DELETING"}),
+    "deleting": Observed("DELETING", {}, tags=TAGS, unknown={"kubernetes": "the control plane is DELETING"}),
 }
 
 UP = {  # state -> {step key: action}; keys not listed are checked in the test bodies below
@@ -64,7 +70,7 @@ UP = {  # state -> {step key: action}; keys not listed are checked in the test b
     "everything healthy": {"control-plane": "nothing", "nodegroup/system-nodes": "nothing",
                            "nodegroup/gpu-workers": "nothing", "helm/nvidia-device-plugin": "nothing",
                            "helm/aws-efa-k8s-device-plugin": "nothing", "helm/kuberay-operator": "nothing",
-                           "namespace": "nothing", "service-account": "nothing", "secret/hf-token": "nothing",
+                           "namespace": "nothing", "service-account": "apply", "secret/hf-token": "nothing",
                            "raycluster": "nothing", "wait/head": "nothing", "wait/workers": "nothing",
                            "wait/nodes/gpu-workers": "nothing", "doctor": "check"},
     "deleting": {"control-plane": "blocked"},
@@ -108,7 +114,7 @@ def test_down(state):
     got = actions(plan)
     for key, action in DOWN[state].items():
         assert got[key] == action, f"{state}: {key}"
-    assert [s.key for s in plan.steps] == ["raycluster", "add-ons", "nodegroup/gpu-workers",
+    assert [s.key for s in plan.steps] == ["tools", "ownership", "raycluster", "add-ons", "nodegroup/gpu-workers",
                                            "nodegroup/system-nodes", "control-plane"]
 
 
@@ -117,17 +123,18 @@ def test_up_carries_the_exact_commands():
     assert commands(plan, "control-plane") == [
         "eksctl create cluster -f .trainlift/ray-train/eksctl.yaml --without-nodegroup"]
     assert commands(plan, "nodegroup/gpu-workers") == [
-        "eksctl create nodegroup -f .trainlift/ray-train/eksctl.yaml --include gpu-workers"]
+        "eksctl create nodegroup -f .trainlift/ray-train/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false"]
     kuberay = commands(plan, "helm/kuberay-operator")[0]
     assert kuberay.startswith("helm upgrade --install kuberay-operator kuberay-operator --repo "
-                              "https://ray-project.github.io/kuberay-helm/ --version 1.4.0")
+                              "https://ray-project.github.io/kuberay-helm/ --version 1.7.0")
     assert "--values .trainlift/ray-train/helm/kuberay-operator.values.yaml" in kuberay and "--wait" in kuberay
     assert commands(plan, "raycluster") == [
         "kubectl --kubeconfig .trainlift/ray-train/kubeconfig apply --server-side --field-manager=trainlift "
         "-f .trainlift/ray-train/k8s/20-raycluster.yaml"]
     doctor = commands(plan, "doctor")[0]
-    assert "port-forward svc/ray-train-head-svc 10001:10001" in doctor
-    assert doctor.endswith("trainlift doctor --address ray://127.0.0.1:10001 --expect-fabric efa")
+    # The dashboard, not Ray Client: the probe runs as a job on the head, whatever the laptop's Ray and Python.
+    assert "port-forward svc/ray-train-head-svc 18265:8265" in doctor
+    assert doctor.endswith("trainlift doctor --address http://127.0.0.1:18265 --expect-fabric efa")
     assert "AZ us-east-2a" in next(s for s in plan.steps if s.key == "nodegroup/gpu-workers").observed
 
 
@@ -138,28 +145,20 @@ def test_creating_control_plane_is_waited_for():
     assert "aws eks wait cluster-active --name ray-train --region us-east-2" in step.ops[0].text()
 
 
-def test_plugins_are_skipped_when_nodes_already_advertise_the_resource():
-    seen = Observed("ACTIVE", GROUPS, READY, {}, True, frozenset(), frozenset(), RayState(False))
-    got = actions(plan_up(SPEC, seen, PLACED, FILES))
-    assert got["helm/nvidia-device-plugin"] == "nothing" and got["helm/aws-efa-k8s-device-plugin"] == "nothing"
-    assert got["helm/kuberay-operator"] == "install"
-
-
-def test_a_changed_spec_is_applied_again_and_an_old_chart_upgraded():
+def test_an_old_chart_is_upgraded():
     old = dict(RELEASES, **{"kuberay-operator": Release("kuberay-operator", "kuberay-operator", "deployed",
-                                                        "kuberay-operator-1.3.0")})
-    seen = Observed("ACTIVE", GROUPS, READY, old, True, HEALTHY.service_accounts, HEALTHY.secrets,
-                    RayState(True, "other", "ready", True, 2))
+                                                        "kuberay-operator-1.4.0")})
+    seen = replace(HEALTHY, releases=old)
     plan = plan_up(SPEC, seen, PLACED, FILES)
-    assert actions(plan)["raycluster"] == "apply" and actions(plan)["helm/kuberay-operator"] == "install"
-    assert "pinned 1.4.0" in next(s for s in plan.steps if s.key == "helm/kuberay-operator").observed
+    assert actions(plan)["helm/kuberay-operator"] == "install"
+    assert "pinned 1.7.0" in next(s for s in plan.steps if s.key == "helm/kuberay-operator").observed
 
 
 @pytest.mark.parametrize("status", ["CREATE_FAILED", "DEGRADED", "DELETE_FAILED"])
 def test_broken_node_group_blocks_with_the_fix(status):
     groups = dict(GROUPS, **{"gpu-workers": NodeGroupInfo("gpu-workers", status, 2, ("g6.12xlarge",), (),
                                                           ("AsgInstanceLaunchFailures: InsufficientInstanceCapacity",))})
-    plan = plan_up(SPEC, Observed("ACTIVE", groups, READY, RELEASES, True), PLACED, FILES)
+    plan = plan_up(SPEC, Observed("ACTIVE", groups, READY, RELEASES, True, tags=TAGS), PLACED, FILES)
     step = plan.blocked[0]
     assert step.key == "nodegroup/gpu-workers" and "InsufficientInstanceCapacity" in step.note
     assert step.fix.startswith("eksctl delete nodegroup --cluster ray-train --region us-east-2 --name gpu-workers")
@@ -175,7 +174,8 @@ def test_capacity_problem_blocks_before_anything_is_created():
 
 def test_unknown_control_plane_blocks_up():
     plan = plan_up(SPEC, Observed(None, unknown={"eks": "AccessDeniedException"}), PLACED, FILES)
-    assert plan.blocked[0].key == "control-plane" and "AccessDeniedException" in plan.blocked[0].observed
+    step = next(s for s in plan.blocked if s.key == "control-plane")
+    assert "AccessDeniedException" in step.observed
 
 
 def test_required_secret_is_waited_for_not_invented():
@@ -187,8 +187,8 @@ def test_required_secret_is_waited_for_not_invented():
 
 def test_down_keep_control_plane_and_busy_groups():
     groups = dict(GROUPS, **{"gpu-workers": NodeGroupInfo("gpu-workers", "UPDATING", 2, (), ())})
-    plan = plan_down(SPEC, Observed("ACTIVE", groups, READY, RELEASES, True, raycluster=RayState(False)), FILES,
-                     keep_control_plane=True)
+    plan = plan_down(SPEC, Observed("ACTIVE", groups, READY, RELEASES, True, raycluster=RayState(False), tags=TAGS),
+                     FILES, keep_control_plane=True)
     got = actions(plan)
     assert got["control-plane"] == "nothing" and got["nodegroup/system-nodes"] == "delete"
     busy = next(s for s in plan.steps if s.key == "nodegroup/gpu-workers")

@@ -283,7 +283,7 @@ def test_rayjob_starts_the_job_as_submit_does(tmp_path):
 
 
 def test_render_cluster_with_a_job_adds_the_rayjob():
-    manifests = by_path(render_cluster(make(), job()))
+    manifests = by_path(render_cluster(make(storage={"s3": {"uri": "s3://bucket"}}), job()))
     assert manifests["k8s/30-rayjob.yaml"]["kind"] == "RayJob"
 
 

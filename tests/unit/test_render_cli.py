@@ -121,8 +121,71 @@ def test_render_with_a_job_adds_a_rayjob(tmp_path, monkeypatch):
         "scaling: {workers: 8}\nrun: {name: sft-demo}\n"
     )
     result = runner.invoke(app, ["render", str(REFERENCE), "--job", "job.yaml", "-o", "out",
-                                 "--working-dir", "s3://b/code.zip", "--trainlift-uri", "s3://b/trainlift.zip"])
+                                 "--working-dir", "s3://my-trainlift-checkpoints/code/job.zip",
+                                 "--trainlift-uri", "s3://my-trainlift-checkpoints/code/trainlift.zip"])
     assert result.exit_code == 0, result.output
     job = (tmp_path / "out" / "k8s" / "30-rayjob.yaml").read_text()
     assert "entrypoint: python -m trainlift train job.yaml --set run.storage=s3://my-trainlift-checkpoints/ray-train" in job
     assert "name: sft-demo" in job
+
+
+ECR_IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/team/ray"
+PINNED_DLC = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0"
+
+
+@pytest.fixture()
+def ecr(monkeypatch):
+    """moto's ECR with one image pushed as `team/ray:v1`; yields its digest."""
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    with moto.mock_aws():
+        client = boto3.client("ecr", region_name="us-east-2")
+        client.create_repository(repositoryName="team/ray")
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 7,
+                       "digest": "sha256:" + "c" * 64},
+            "layers": [],
+        })
+        yield client.put_image(repositoryName="team/ray", imageManifest=manifest, imageTag="v1")["image"]["imageId"][
+            "imageDigest"]
+
+
+def test_image_digest_of_an_ecr_tag(ecr):
+    """ecr:DescribeImages against moto's ECR."""
+    from trainlift.cloud import aws
+    from trainlift.cloud.capacity import Unknown
+
+    assert aws.image_digest(f"{ECR_IMAGE}:v1") == ecr
+    missing = aws.image_digest(f"{ECR_IMAGE}:v2")
+    assert isinstance(missing, Unknown) and "ImageNotFoundException" in missing.reason
+
+
+def test_image_digest_needs_a_private_ecr_registry():
+    from trainlift.cloud import aws
+    from trainlift.cloud.capacity import Unknown
+
+    found = aws.image_digest(PINNED_DLC)
+    assert isinstance(found, Unknown) and "public.ecr.aws" in found.reason
+
+
+def test_render_pins_an_ecr_image_by_digest(tmp_path, ecr):
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(REFERENCE.read_text().replace(
+        "  uri: public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1",
+        f"  uri: {ECR_IMAGE}:v1\n  ray_version: 2.58.0"))
+    result = runner.invoke(app, ["render", str(spec), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"image: {ECR_IMAGE}:v1@{ecr}" in (tmp_path / "out" / "k8s" / "20-raycluster.yaml").read_text()
+    assert "warning" not in result.stderr
+
+
+def test_render_warns_once_and_uses_the_pinned_tag_without_a_digest(tmp_path):
+    result = runner.invoke(app, ["render", str(REFERENCE), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: image not pinned by digest"), result.stderr
+    assert PINNED_DLC in warnings[0]
+    assert f"image: {PINNED_DLC}\n" in (tmp_path / "out" / "k8s" / "20-raycluster.yaml").read_text()

@@ -27,6 +27,7 @@ class InstanceProfile(BaseModel):
     network_gbps: float = Field(description="Network bandwidth in Gb/s (the peak when network_burst).")
     network_burst: bool = Field(False, description="EC2 lists the bandwidth as 'Up to ...'.")
     efa_interfaces: int = Field(0, description="EFA interfaces the instance takes; 0 when it has no EFA.")
+    efa_hugepages_mib: int = Field(0, description="2 MiB hugepages (in MiB) an EFA pod requests; 0 without EFA.")
     gpudirect_rdma: bool = False
     peak_bf16_flops_per_gpu: float = Field(0.0, description="Dense bf16 tensor peak, FLOP/s.")
     busbw_floor_gbps: float | None = Field(
@@ -128,7 +129,22 @@ def chart(name: str) -> ChartPin:
     return ChartPin(**entry)
 
 
+def _image_entry(image: str) -> dict[str, Any] | None:
+    # `name:tag@sha256:...` is the tagged image pinned to one digest.
+    return platform()["images"].get(image.split("@", 1)[0])
+
+
 def image_ray_version(image: str) -> str | None:
     """The Ray version inside a known container image; None for an image the catalog doesn't know."""
-    entry = platform()["images"].get(image)
+    entry = _image_entry(image)
     return str(entry["ray_version"]) if entry else None
+
+
+def pinned_image(image: str) -> str | None:
+    """The release tag a floating tag stands for now (the image itself when its tag is a release); None when unknown."""
+    if "@" in image:
+        return None
+    entry = _image_entry(image)
+    if entry is None:
+        return None
+    return str(entry.get("pinned", image))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import typer
 from rich import box
@@ -25,23 +26,28 @@ def _cell(value: object, unknown: str = "?") -> str:
 @app.command("capacity")
 def capacity(
     instance_type: str = typer.Argument(..., metavar="INSTANCE_TYPE", help="EC2 instance type, e.g. g6.12xlarge."),
-    region: str = typer.Option(..., "--region", "-r", help="AWS region, e.g. us-east-2."),
+    region: Optional[str] = typer.Option(
+        None, "--region", "-r", help="AWS region, e.g. us-east-2; default: AWS_REGION, AWS_DEFAULT_REGION or the "
+        "profile's region."),
     count: int = typer.Option(2, "--count", "-n", min=1, help="Instances you need in one AZ."),
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
     """Check before spending money: can this region run COUNT of a type, and in which AZ.
 
-    Reports the AZs that offer the type, its GPUs and EFA interfaces, the on-demand vCPU quota of its family against vCPUs already running, capacity reservations and spot placement scores; then the AZ to use and why, or what is missing with the command that fixes it.
+    Reports the AZs that offer the type, its GPUs and EFA interfaces, the on-demand vCPU quota of its family against vCPUs already running, capacity reservations (Capacity Blocks that have not started included) and spot placement scores; then the AZ to use and why, or what is missing with the command that fixes it.
 
-    Uses the standard AWS configuration (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL, ...). An API your credentials may not call is shown as unknown. Exits 1 when capacity is known to be missing.
+    Uses the standard AWS configuration (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL, ...); without --region, the region it names. An API your credentials may not call is shown as unknown. Exits 1 when capacity is known to be missing.
 
     Example: trainlift capacity g6.12xlarge --region us-east-2 --count 2
     """
-    from trainlift.cloud.aws import Aws, check_region
+    from trainlift.cloud.aws import Aws, check_region, default_region
     from trainlift.cloud.capacity import assess
 
     if "." not in instance_type:
         raise UsageError(f"{instance_type!r} is not an EC2 instance type", hint="e.g. g6.12xlarge")
+    region = region or default_region()
+    if not region:
+        raise UsageError("no AWS region: pass --region or set AWS_REGION", hint="e.g. --region us-east-2")
     check_region(region)
     aws = Aws(region)
     aws.identity()
@@ -72,12 +78,15 @@ def _print(report) -> None:
     in_use = "unknown" if "vcpus_in_use" in report.unknown else f"{f.vcpus_in_use} vCPUs of this family running"
     console.print(f"  in use   {in_use}", highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("AZ", "zone id", "offered", "reserved", "spot score"):
+    later = any(row.upcoming for row in report.rows)
+    for column in ("AZ", "zone id", "offered", "reserved") + (("later",) if later else ()) + ("spot score",):
         table.add_column(column, justify="left" if column in ("AZ", "zone id") else "right")
     for row in report.rows:
         offered = {True: "yes", False: "no", None: "?"}[row.offered]
-        table.add_row(row.zone, row.zone_id, offered, _cell(row.reserved), _cell(row.spot_score, "-"))
+        upcoming = (_cell(row.upcoming),) if later else ()
+        table.add_row(row.zone, row.zone_id, offered, _cell(row.reserved), *upcoming, _cell(row.spot_score, "-"))
     console.print(table)
+    _print_upcoming(report)
     for key, why in report.unknown.items():
         console.print(f"  [yellow]unknown[/] {_LABELS.get(key, key)}: {why}", highlight=False)
     if report.recommended:
@@ -88,3 +97,14 @@ def _print(report) -> None:
         console.print(f"  fix: {fix}", highlight=False)
     if not report.recommended and not report.problems:
         console.print(f"[yellow]no AZ recommended:[/] {report.reason}", highlight=False)
+
+
+def _print_upcoming(report) -> None:
+    """Reservations that have not started: a Capacity Block is bought ahead and shows 0 available until then."""
+    if "reservations" in report.unknown:
+        return
+    for r in report.facts.reservations:
+        if r.state != "active":
+            kind = "Capacity Block" if r.is_block else "capacity reservation"
+            console.print(f"  {kind} {r.id} ({r.state}): {r.total} in {r.zone} from {r.start or '?'} to "
+                          f"{r.end or '?'}", highlight=False)

@@ -20,6 +20,7 @@ app.add_typer(cluster_app, name="cluster")
 SPEC = typer.Argument(..., metavar="CLUSTER_SPEC", help="Cluster spec (YAML), e.g. examples/cluster-reference.yaml.")
 DIR = typer.Option(None, "--dir", help="Where the rendered files and kubeconfig go (default .trainlift/<name>/).")
 JSON = typer.Option(False, "--json", help="Print the plan (observations, actions, commands) as JSON.")
+FORCE = typer.Option(False, "--force", help="Act on a cluster that does not carry trainlift's tag (one trainlift did not create).")
 _MARK = {"nothing": "dim", "blocked": "bold red", "wait": "yellow", "check": "cyan"}
 
 
@@ -49,6 +50,17 @@ def _capacity_lines(prepared) -> None:
     for name, p in prepared.placements.items():
         where = p.zone or "no AZ"
         console.print(f"capacity  {name}: {where} ({p.blocking or p.reason})", highlight=False)
+
+
+def _unknown_lines(seen) -> None:
+    if seen.assumed:
+        console.print(f"[yellow]{seen.assumed}[/]: the plan is what a new cluster needs", highlight=False)
+    for area, why in seen.unknown.items():
+        console.print(f"[yellow]unknown[/] {area}: {why}", highlight=False)
+
+
+def _unknowns(seen) -> dict[str, str]:
+    return {**({"aws": seen.assumed} if seen.assumed else {}), **seen.unknown}
 
 
 def _confirm(yes: bool, what: str) -> None:
@@ -82,6 +94,7 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, its commands and the files; change nothing."),
     show_files: bool = typer.Option(False, "--show-files", help="Also print every rendered file."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Apply without asking."),
+    force: bool = FORCE,
     root: Optional[str] = DIR,
     json_out: bool = JSON,
 ) -> None:
@@ -89,7 +102,7 @@ def up(
 
     Steps: control plane, node groups (AZ from the capacity check unless pinned), NVIDIA and EFA device plugins, KubeRay, namespace and service account, the RayCluster; then waits for the head, the workers and every node's GPUs and EFA, and runs `trainlift doctor`.
 
-    The plan is printed first: each step with what was observed and what will be done. A step that cannot succeed (no capacity, a quota shortfall, a cluster being deleted) blocks the plan before anything is created.
+    The plan is printed first: each step with what was observed and what will be done. A step that cannot succeed (a missing tool, no capacity, a quota shortfall, a cluster being deleted, a cluster trainlift did not create) blocks the plan before anything is created. A dry run without AWS credentials plans a new cluster and says what it could not look up.
 
     Example: trainlift cluster up examples/cluster-reference.yaml --dry-run
     """
@@ -97,13 +110,14 @@ def up(
     from trainlift.ops.plan import plan_up
 
     spec = _load(spec_path)
-    prepared = prepare(spec, root, write=True)
-    plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files)
+    prepared = prepare(spec, root, write=True, need_credentials=not dry_run)
+    plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files, force=force)
     if json_out and (dry_run or plan.blocked):
-        print_json({**plan.to_dict(), "files": prepared.written})
+        print_json({**plan.to_dict(), "files": prepared.written, "unknown": _unknowns(prepared.seen)})
     elif not json_out:
         _capacity_lines(prepared)
         print_plan(plan, f"cluster up {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
+        _unknown_lines(prepared.seen)
         if prepared.written:
             console.print(f"files in {prepared.files.root}/: " + ", ".join(
                 str(Path(p).relative_to(prepared.files.root)) for p in prepared.written), highlight=False)
@@ -136,13 +150,12 @@ def status(spec_path: Path = SPEC, root: Optional[str] = DIR, json_out: bool = J
     if json_out:
         data = plan.to_dict()
         data["verb"] = "status"
-        data["unknown"] = prepared.seen.unknown
+        data["unknown"] = _unknowns(prepared.seen)
         print_json(data)
         return
     _capacity_lines(prepared)
     print_plan(plan, f"cluster status {spec.name} ({spec.region}); actions are what `up` would do")
-    for area, why in prepared.seen.unknown.items():
-        console.print(f"[yellow]unknown[/] {area}: {why}", highlight=False)
+    _unknown_lines(prepared.seen)
 
 
 @cluster_app.command("down")
@@ -152,12 +165,13 @@ def down(
     keep_control_plane: bool = typer.Option(
         False, "--keep-control-plane", help="Delete the RayCluster and node groups, keep the control plane."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; delete nothing."),
+    force: bool = FORCE,
     root: Optional[str] = DIR,
     json_out: bool = JSON,
 ) -> None:
     """Take the cluster down in reverse order: RayCluster, worker node groups, system node group, control plane.
 
-    Idempotent: what is already gone is skipped; re-run after any failure.
+    Idempotent: what is already gone is skipped; re-run after any failure. A control plane stack left by a failed create is deleted too. A cluster without trainlift's tag is not deleted without --force.
 
     Example: trainlift cluster down examples/cluster-reference.yaml --keep-control-plane --yes
     """
@@ -165,12 +179,13 @@ def down(
     from trainlift.ops.plan import plan_down
 
     spec = _load(spec_path)
-    prepared = prepare(spec, root, write=False, for_up=False)
-    plan = plan_down(prepared.spec, prepared.seen, prepared.files, keep_control_plane)
+    prepared = prepare(spec, root, write=False, for_up=False, need_credentials=not dry_run)
+    plan = plan_down(prepared.spec, prepared.seen, prepared.files, keep_control_plane, force=force)
     if json_out and (dry_run or plan.blocked or not plan.todo):
-        print_json(plan.to_dict())
+        print_json({**plan.to_dict(), "unknown": _unknowns(prepared.seen)})
     elif not json_out:
         print_plan(plan, f"cluster down {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
+        _unknown_lines(prepared.seen)
     if plan.blocked:
         first = plan.blocked[0]
         raise TrainliftError(f"blocked at {first.title}: {first.note}", hint=first.fix or None)

@@ -40,7 +40,9 @@ _FACT_ROWS = (
 @doctor_app.callback()
 def doctor(
     ctx: typer.Context,
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (HOST:PORT): probe every node."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Probe every node of a Ray cluster: its dashboard http://HEAD:8265 (the probe runs "
+        "there as a Ray job, whatever this machine's Ray and Python versions), or HOST:6379 / auto from a node."),
     expect_fabric: Fabric = typer.Option(Fabric.any, "--expect-fabric", help="The fabric the job needs."),
     as_json: bool = typer.Option(False, "--json", help="Print every fact and finding as JSON."),
 ) -> None:
@@ -70,39 +72,56 @@ def doctor(
 
 
 def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
+    if address.startswith(("http://", "https://")):
+        from trainlift.doctor.remote import run_on_cluster
+
+        report = run_on_cluster(address.rstrip("/"), expect)
+    else:
+        report = _probe_cluster(address, expect)
+    findings = [Finding(**f) for f in report["findings"]]
+    if as_json:
+        print_json(report)
+    else:
+        _print_nodes(report)
+        _print_findings(findings)
+    _exit(findings)
+
+
+def _probe_cluster(address: str, expect: str) -> dict[str, Any]:
+    """Connected to the cluster as a driver (from one of its nodes, or a machine with its Ray and Python)."""
     import ray
 
     from trainlift.doctor.nodes import connect, probe_nodes
-    from trainlift.doctor.rules import comparable, differences, judge_nodes
+    from trainlift.doctor.rules import differences, judge_nodes
 
-    connect(address)
+    connect(address, ship_code=address != "auto")  # `auto`: on a node, inside a job that brought trainlift
     try:
         nodes = probe_nodes()
     finally:
         ray.shutdown()
-    probed = [(n.name, n.facts) for n in nodes if n.facts is not None]
     findings: list[Finding] = [Finding("node_probe", "error", f"probe failed on {n.name}: {n.error}", node=n.name)
                                for n in nodes if n.facts is None]
     findings = sort_findings(findings + judge_nodes([(n.name, n.facts, n.is_head) for n in nodes if n.facts], expect))
-    diff = differences(probed)
-    if as_json:
-        print_json({
-            "address": address, "nodes": [n.to_dict() for n in nodes], "differences": diff,
-            "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings),
-        })
-    else:
-        table = Table(title=f"{len(nodes)} nodes at {address} (red: differs across nodes)")
-        table.add_column("fact")
-        for name, _ in probed:
-            table.add_column(name)
-        values = [comparable(f) for _, f in probed]
-        for key in sorted({k for v in values for k in v}, key=lambda k: (k.startswith("env."), k)):
-            row = [_cell(v.get(key)) for v in values]
-            style = "bold red" if key in diff else None
-            table.add_row(key, *[f"[{style}]{c}[/]" if style and i else c for i, c in enumerate(row)])
-        console.print(table)
-        _print_findings(findings)
-    _exit(findings)
+    return {"address": address, "nodes": [n.to_dict() for n in nodes],
+            "differences": differences([(n.name, n.facts) for n in nodes if n.facts is not None]),
+            "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings)}
+
+
+def _print_nodes(report: dict[str, Any]) -> None:
+    from trainlift.doctor.probe import Facts
+    from trainlift.doctor.rules import comparable
+
+    probed = [(n["name"], Facts.from_dict(n["facts"])) for n in report["nodes"] if n["facts"] is not None]
+    table = Table(title=f"{len(report['nodes'])} nodes at {report['address']} (red: differs across nodes)")
+    table.add_column("fact")
+    for name, _ in probed:
+        table.add_column(name)
+    values = [comparable(f) for _, f in probed]
+    for key in sorted({k for v in values for k in v}, key=lambda k: (k.startswith("env."), k)):
+        row = [_cell(v.get(key)) for v in values]
+        style = "bold red" if key in report["differences"] else None
+        table.add_row(key, *[f"[{style}]{c}[/]" if style and i else c for i, c in enumerate(row)])
+    console.print(table)
 
 
 @doctor_app.command("nccl-log")

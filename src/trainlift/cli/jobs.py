@@ -23,28 +23,6 @@ app.add_typer(local_app, name="local")
 ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `trainlift local up`)."
 
 
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    """`KEY=VALUE`, or `KEY` alone for the value this shell has; a secret never comes on the command line."""
-    from trainlift.render.rules import looks_secret
-
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not key.isidentifier():
-            raise UsageError(f"--env {key[:40]!r}: expected KEY=VALUE, or KEY to pass this shell's value")
-        if not sep:
-            if key not in os.environ:
-                raise UsageError(f"--env {key}: not set in this shell", hint=f"export {key}=... first")
-            value = os.environ[key]
-        elif looks_secret(key, value):
-            # The value is not echoed: it is the thing being protected.
-            raise UsageError(f"--env {key}=...: a secret on the command line lands in shell history and process "
-                             "lists", hint=f"export {key} and pass --env {key}, or use a Kubernetes Secret "
-                             "(cluster spec `secrets`) on EKS")
-        env[key] = value
-    return env
-
-
 def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at: float) -> tuple[str, float | None]:
     from trainlift.ops import jobs
 
@@ -83,6 +61,36 @@ def _finish(job_client, job_id: str, status: str, json_out: bool, extra: dict) -
     raise typer.Exit(1)
 
 
+def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str]):
+    """The spec, its path inside the working dir, and the plan of what of that directory travels; a relative local
+    run.storage is pointed back at the submitting side (not the job's temporary copy) and left behind."""
+    from trainlift.config.job import load_job_spec
+    from trainlift.ops import workdir
+
+    root = working_dir.resolve()
+    spec_path = spec_file.resolve()
+    if not spec_path.is_relative_to(root):
+        raise UsageError(f"{spec_file}: the spec must be inside the working directory {root}",
+                         hint="run from the project directory or pass --working-dir")
+    spec = load_job_spec(spec_path, overrides)
+    extra = []
+    if not spec.is_remote_storage and not Path(spec.run.storage).is_absolute():
+        extra.append(f"/{spec.run.storage.strip('/')}/")
+        overrides.append(f"run.storage={root / spec.run.storage}")
+    plan = workdir.scan(root, list(exclude) + extra)
+    workdir.check_size(plan)
+    for name in plan.credentials:
+        err_console.print(f"[yellow]warning:[/] not uploading credential-like file {name}")
+    return spec, spec_path, plan
+
+
+def _detached(job_client, job_id: str, address: str, json_out: bool, details: dict) -> None:
+    if json_out:
+        print_json({"submission_id": job_id, "status": str(job_client.get_job_status(job_id).value), **details})
+    else:
+        console.print(f"follow it: trainlift jobs logs {job_id} --follow --address {address}")
+
+
 @app.command()
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec inside the working directory, e.g. examples/tiny-local.yaml."),
@@ -92,60 +100,46 @@ def submit(
     submission_id: Optional[str] = typer.Option(None, help="Job id (default: derived from run name and spec content)."),
     pip: List[str] = typer.Option([], "--pip", help="Extra pip package for the job's environment (repeatable)."),
     env: List[str] = typer.Option([], "--env", help="Environment variable for the job: KEY=VALUE, or KEY to pass "
-                                  "this shell's value (the only way for tokens; repeatable)."),
+                                  "this shell's value (repeatable). Not for secrets: those come from the workers' "
+                                  "environment (a Kubernetes Secret in the cluster spec's `secrets`)."),
     working_dir: Path = typer.Option(Path("."), help="Project directory shipped as the job's working_dir."),
     exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
+    cluster: Optional[Path] = typer.Option(
+        None, "--cluster", help="The cluster spec the job runs on: its S3 role must reach run.storage and the data "
+        "(checked before anything is uploaded)."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
 ) -> None:
     """Submit a job spec to a Ray cluster through the Job Submission API.
 
-    The project directory travels as working_dir (without .git, virtualenvs,
-    caches, runs and what .gitignore excludes) and trainlift itself in
-    py_modules. Submitting the same spec again attaches to its job while that is pending or running; once it
-    has ended (failed, stopped), a new attempt `<id>-2`, `<id>-3`, ... resumes from the newest checkpoint.
-    Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
+    The project directory travels as working_dir (without .git, virtualenvs, caches, runs and what .gitignore
+    excludes) and trainlift itself as a wheel in py_modules. Submitting the same spec again attaches to its job
+    while that is pending or running; once it has ended (failed, stopped), a new attempt `<id>-2`, `<id>-3`, ...
+    resumes from the newest checkpoint. A different spec with the same run name is refused while that run has an
+    active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
-    from trainlift.config.job import load_job_spec
-    from trainlift.ops import jobs, localray, workdir
+    from trainlift.ops import jobs, localray
 
-    env_vars = _parse_env(env)
-    root = working_dir.resolve()
-    spec_path = spec_file.resolve()
-    if not spec_path.is_relative_to(root):
-        raise UsageError(f"{spec_file}: the spec must be inside the working directory {root}",
-                         hint="run from the project directory or pass --working-dir")
+    env_vars = jobs.parse_env(env, os.environ)
     overrides = list(set_)
-    spec = load_job_spec(spec_path, overrides)
+    spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
+    if cluster is not None:
+        _check_role_covers(cluster, spec)
     address = jobs.resolve_address(address)
-    extra = []
-    if not spec.is_remote_storage:
-        if not Path(spec.run.storage).is_absolute():
-            extra.append(f"/{spec.run.storage.strip('/')}/")
-            overrides.append(f"run.storage={root / spec.run.storage}")  # not inside the job's temporary copy
-        if not localray.is_loopback(address):
-            err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
-                              "cluster needs s3://... or a shared volume for checkpoints")
-    plan = workdir.scan(root, list(exclude) + extra)
-    workdir.check_size(plan)
-    for name in plan.credentials:
-        err_console.print(f"[yellow]warning:[/] not uploading credential-like file {name}")
-    entry = jobs.entrypoint(spec_path.relative_to(root).as_posix(), overrides)
-    runtime_env = jobs.runtime_env(root, plan.excludes, list(pip), env_vars)
+    if not spec.is_remote_storage and not localray.is_loopback(address):
+        err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
+                          "cluster needs s3://... or a shared volume for checkpoints")
+    entry = jobs.entrypoint(spec_path.relative_to(plan.root).as_posix(), overrides)
+    runtime_env = jobs.runtime_env(plan.root, plan.excludes, list(pip), env_vars)
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
     job_client = jobs.client(address)
     submitted_at = time.time()
-    job_id, created = jobs.submit(job_client, job_id, entry, runtime_env, {"trainlift_run": spec.run.name})
+    job_id, created = jobs.submit(job_client, job_id, entry, runtime_env, {jobs.RUN_METADATA: spec.run.name})
     if not json_out:
-        verb = "submitted" if created else "attached to running"
-        console.print(f"{verb} job [bold]{job_id}[/] on {address} ({len(plan.files)} files, "
-                      f"{plan.total_bytes / 2**20:.1f} MiB)")
+        console.print(f"{'submitted' if created else 'attached to running'} job [bold]{job_id}[/] on {address} "
+                      f"({len(plan.files)} files, {plan.total_bytes / 2**20:.1f} MiB)")
     details = {"created": created, "address": address}
     if not follow:
-        if json_out:
-            print_json({"submission_id": job_id, "status": str(job_client.get_job_status(job_id).value), **details})
-        else:
-            console.print(f"follow it: trainlift jobs logs {job_id} --follow --address {address}")
-        return
+        return _detached(job_client, job_id, address, json_out, details)
     try:
         status, to_first_step = _follow(job_client, job_id, spec.train.steps, json_out, submitted_at)
     except KeyboardInterrupt:
@@ -153,6 +147,18 @@ def submit(
                           f"stop: trainlift jobs stop {job_id}")
         raise typer.Exit(130) from None
     _finish(job_client, job_id, status, json_out, {**details, "time_to_first_step_s": to_first_step})
+
+
+def _check_role_covers(cluster_file: Path, spec) -> None:
+    """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role."""
+    from trainlift.config.cluster import cluster_spec_from_yaml
+    from trainlift.render.s3_access import check_s3_access, job_s3_uses
+
+    try:
+        text = cluster_file.read_text()
+    except OSError as exc:
+        raise UsageError(f"--cluster {cluster_file}: {exc.strerror or exc}") from None
+    check_s3_access(cluster_spec_from_yaml(text, source=str(cluster_file)), job_s3_uses(spec))
 
 
 @jobs_app.command("list")

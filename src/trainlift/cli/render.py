@@ -7,12 +7,14 @@ from typing import Any, Optional
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from trainlift import catalog
-from trainlift.cli.app import app, console, print_json
+from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.config.cluster import ClusterSpec, cluster_spec_from_yaml
 from trainlift.errors import SpecError, UsageError
+from trainlift.render.raycluster import image_ref
 
 
 @app.command("profiles")
@@ -79,6 +81,29 @@ def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_di
     )
 
 
+def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
+    """The spec with its image pinned by digest where its registry can be asked; otherwise a warning that names
+    the image the pods run instead (the catalog's release tag for a floating DLC tag)."""
+    from trainlift.cloud import aws
+
+    target = image_ref(cluster)
+    if "@" in target:
+        return cluster, None
+    found = aws.image_digest(target)
+    if isinstance(found, str):
+        image = cluster.image.model_copy(update={"uri": f"{target}@{found}"})
+        return cluster.model_copy(update={"image": image}), None
+    return cluster, f"image not pinned by digest: {found.reason}; the pods run {target}"
+
+
+def _job_s3_uses(job_path: Path | None) -> list:
+    """The S3 URIs the job spec reads and writes, for render to check against the pods' S3 role."""
+    from trainlift.config.job import load_job_spec
+    from trainlift.render.s3_access import job_s3_uses
+
+    return job_s3_uses(load_job_spec(job_path)) if job_path is not None else []
+
+
 @app.command("render")
 def render(
     spec_path: Path = typer.Argument(..., metavar="CLUSTER_SPEC", help="Cluster spec (YAML)."),
@@ -94,8 +119,8 @@ def render(
         None, "--working-dir", help="Remote URI (s3://.../code.zip) of the job's working dir for the RayJob."
     ),
     trainlift_uri: Optional[str] = typer.Option(
-        None, "--trainlift-uri", help="Remote URI of a zip with the trainlift package folder at its top "
-        "(cd src && zip -r trainlift.zip trainlift), shipped to the RayJob as py_modules."
+        None, "--trainlift-uri", help="Remote URI of trainlift's wheel, as printed by "
+        "`trainlift package --upload s3://bucket/code/`, shipped to the RayJob as py_modules."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -108,11 +133,15 @@ def render(
         raise UsageError("render: --check writes nothing; drop -o or --check")
     cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
     inputs = _job_inputs(job, cluster, job_shutdown, working_dir, trainlift_uri) if job is not None else None
-    manifests = render_cluster(cluster, inputs)
+    cluster, warning = _pin_image(cluster)
+    manifests = render_cluster(cluster, inputs, s3_uses=_job_s3_uses(job))
+    if warning:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     summary: dict[str, Any] = {
         "spec": str(spec_path),
         "valid": True,
         "fabric": cluster.fabric,
+        "image": image_ref(cluster),
         "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
     }
     if out is not None:

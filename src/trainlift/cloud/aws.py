@@ -9,10 +9,11 @@ in the region or not implemented by the endpoint is `Unknown(reason)`, not a cra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
 from trainlift.cloud.capacity import (
-    CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for,
+    ACTIVE, UPCOMING, CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for, reservation_from_ec2,
 )
 from trainlift.errors import TrainliftError, UsageError
 
@@ -56,6 +57,16 @@ def known_regions() -> set[str]:
     for partition in session.get_available_partitions():
         regions.update(session.get_available_regions("ec2", partition_name=partition))
     return regions
+
+
+def default_region() -> str | None:
+    """The region the standard AWS configuration names: AWS_REGION (which botocore itself does not read, unlike
+    the AWS CLI), else AWS_DEFAULT_REGION or the profile's region."""
+    import os
+
+    import boto3
+
+    return os.environ.get("AWS_REGION") or boto3.session.Session().region_name
 
 
 def check_region(region: str) -> None:
@@ -230,14 +241,29 @@ class Aws:
         return self._optional("ec2:DescribeInstances", call)
 
     def reservations(self, instance_type: str) -> list[Reservation] | Unknown:
+        """Reservations of the type that are active or still to start (a Capacity Block before its start)."""
+        states = [ACTIVE, *UPCOMING]
+
         def call() -> list[Reservation]:
             out = self.client("ec2").describe_capacity_reservations(Filters=[
-                {"Name": "instance-type", "Values": [instance_type]}, {"Name": "state", "Values": ["active"]}])
-            return [
-                Reservation(r["CapacityReservationId"], r["AvailabilityZone"], int(r.get("AvailableInstanceCount", 0)),
-                            int(r.get("TotalInstanceCount", 0)), str(r["EndDate"]) if r.get("EndDate") else None)
-                for r in out.get("CapacityReservations", [])
-            ]
+                {"Name": "instance-type", "Values": [instance_type]}, {"Name": "state", "Values": states}])
+            found = [reservation_from_ec2(r) for r in out.get("CapacityReservations", [])]
+            return [r for r in found if r.state in states]
+        return self._optional("ec2:DescribeCapacityReservations", call)
+
+    def reservation(self, reservation_id: str) -> Reservation | Unknown:
+        """One reservation by id, in any state; UsageError when the region has no such reservation."""
+        from botocore.exceptions import ClientError
+
+        def call() -> Reservation:
+            try:
+                out = self.client("ec2").describe_capacity_reservations(CapacityReservationIds=[reservation_id])
+            except ClientError as exc:
+                if _code(exc).startswith("InvalidCapacityReservationId"):
+                    raise UsageError(f"capacity reservation {reservation_id} does not exist in {self.region}",
+                                     hint="check capacity_reservation_id and the spec's region") from None
+                raise
+            return reservation_from_ec2(out["CapacityReservations"][0])
         return self._optional("ec2:DescribeCapacityReservations", call)
 
     def spot_scores(self, instance_type: str, count: int, zones: dict[str, str]) -> dict[str, int] | Unknown:
@@ -305,6 +331,10 @@ class Aws:
             }
         return self._required("eks:ListNodegroups", call)
 
+    def put_file(self, path: Path, bucket: str, key: str) -> None:
+        self._required(f"s3:PutObject s3://{bucket}/{key}",
+                       lambda: self.client("s3").put_object(Bucket=bucket, Key=key, Body=path.read_bytes()))
+
     def _subnet_zones(self, subnets: list[str]) -> dict[str, str]:
         if not subnets:
             return {}
@@ -313,9 +343,88 @@ class Aws:
             return {}
         return {s["SubnetId"]: s["AvailabilityZone"] for s in found["Subnets"]}
 
+    # --- CloudFormation stacks and cluster tags: who created a cluster, what a failed create left ---
+
+    def cluster_stack(self, cluster: str) -> StackInfo | None | Unknown:
+        """eksctl's CloudFormation stack of the control plane; None when there is none."""
+        from botocore.exceptions import ClientError
+
+        name = CLUSTER_STACK.format(name=cluster)
+
+        def call() -> StackInfo | None:
+            try:
+                stacks = self.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+            except ClientError as exc:
+                if _code(exc) == "ValidationError" and "does not exist" in _message(exc):
+                    return None
+                raise
+            live = [s for s in stacks if s.get("StackStatus") != "DELETE_COMPLETE"]
+            if not live:
+                return None
+            tags = {t["Key"]: t["Value"] for t in live[0].get("Tags") or []}
+            return StackInfo(name, live[0]["StackStatus"], tags)
+        return self._optional("cloudformation:DescribeStacks", call)
+
+    def cluster_tags(self, cluster: str) -> ClusterTags | None | Unknown:
+        """The EKS cluster's ARN and tags; None when the cluster does not exist."""
+        from botocore.exceptions import ClientError
+
+        def call() -> ClusterTags | None:
+            try:
+                c = self.client("eks").describe_cluster(name=cluster)["cluster"]
+            except ClientError as exc:
+                if _code(exc) == "ResourceNotFoundException":
+                    return None
+                raise
+            return ClusterTags(c.get("arn", ""), dict(c.get("tags") or {}))
+        return self._optional("eks:DescribeCluster", call)
+
+    def tag_cluster(self, arn: str, tags: dict[str, str]) -> None:
+        self._required("eks:TagResource", lambda: self.client("eks").tag_resource(resourceArn=arn, tags=tags))
+
+
+CLUSTER_STACK = "eksctl-{name}-cluster"  # the stack `eksctl create cluster` names after the cluster
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    name: str
+    status: str
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ClusterTags:
+    arn: str
+    tags: dict[str, str]
+
 
 def _is_api_error(exc: Exception) -> bool:
     from botocore import exceptions as bce
     from botocore.parsers import ResponseParserError
 
     return isinstance(exc, (bce.ClientError, ResponseParserError, bce.ParamValidationError))
+
+
+def image_digest(image: str) -> str | Unknown:
+    """The digest a private ECR registry holds for `<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>`, through
+    ecr:DescribeImages; Unknown(reason) for other registries, without credentials, or when the call fails."""
+    import re
+
+    match = re.fullmatch(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+):([\w][\w.-]*)", image)
+    if match is None:
+        return Unknown(f"{image.split('/', 1)[0]} is not a private ECR registry, the only kind looked up "
+                       "(mirror the image into ECR to pin it by digest)")
+    account, region, repository, tag = match.groups()
+    try:
+        out = Aws(region).client("ecr").describe_images(
+            registryId=account, repositoryName=repository, imageIds=[{"imageTag": tag}])
+    except Exception as exc:
+        fatal = _fatal(exc, "ecr:DescribeImages")
+        if fatal is not None:
+            return Unknown(f"ecr:DescribeImages: {fatal.message}")
+        if _is_api_error(exc):
+            return Unknown(f"ecr:DescribeImages: {_code(exc)}: {_message(exc)}")
+        raise
+    details = out.get("imageDetails") or []
+    return details[0]["imageDigest"] if details else Unknown(f"ecr:DescribeImages: no image tagged {tag}")

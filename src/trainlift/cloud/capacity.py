@@ -35,13 +35,49 @@ class InstanceInfo:
     efa_interfaces: int = 0
 
 
+# EC2 capacity reservation states (CapacityReservationState): usable now, usable later, never again.
+ACTIVE = "active"
+UPCOMING = ("scheduled", "payment-pending", "pending", "assessing", "delayed")
+ENDED = ("expired", "cancelled", "failed", "payment-failed", "unsupported", "cancelling", "unavailable")
+
+
 @dataclass(frozen=True)
 class Reservation:
+    """An On-Demand Capacity Reservation (kind "default") or a Capacity Block (kind "capacity-block")."""
+
     id: str
     zone: str
     available: int
     total: int
     end: str | None = None
+    instance_type: str = ""
+    state: str = ACTIVE
+    kind: str = "default"
+    start: str | None = None
+
+    @property
+    def is_block(self) -> bool:
+        return self.kind == "capacity-block"
+
+
+_REQUESTED_QUANTITY_TAG = "aws:ec2capacityreservation:incrementalRequestedQuantity"
+_RESERVATION_TYPE_TAG = "aws:ec2capacityreservation:capacityReservationType"
+
+
+def _when(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def reservation_from_ec2(r: dict[str, Any]) -> Reservation:
+    """A DescribeCapacityReservations item. A block before its start shows 0 instances; its size is in a tag."""
+    tags = {t.get("Key"): t.get("Value") for t in r.get("Tags") or []}
+    total = int(r.get("TotalInstanceCount") or 0) or int(tags.get(_REQUESTED_QUANTITY_TAG) or 0)
+    kind = r.get("ReservationType") or tags.get(_RESERVATION_TYPE_TAG) or "default"
+    return Reservation(
+        r["CapacityReservationId"].strip(), r["AvailabilityZone"], int(r.get("AvailableInstanceCount") or 0), total,
+        _when(r.get("EndDate")), r.get("InstanceType", ""), r.get("State", ACTIVE), kind, _when(r.get("StartDate")))
 
 
 @dataclass(frozen=True)
@@ -72,6 +108,7 @@ class ZoneRow:
     offered: bool | None
     reserved: int | None
     spot_score: int | None
+    upcoming: int | None = None  # instances of reservations that have not started (Capacity Blocks)
 
 
 @dataclass
@@ -152,27 +189,42 @@ def _unknowns(f: CapacityFacts) -> dict[str, str]:
     return out
 
 
-def _reserved(f: CapacityFacts) -> dict[str, int]:
+def _reserved(f: CapacityFacts, upcoming: bool = False) -> dict[str, int]:
+    """Per AZ: instances free in active reservations, or (upcoming) held by reservations yet to start."""
     out: dict[str, int] = {}
     if not isinstance(f.reservations, Unknown):
         for r in f.reservations:
-            out[r.zone] = out.get(r.zone, 0) + r.available
+            if upcoming and r.state in UPCOMING:
+                out[r.zone] = out.get(r.zone, 0) + r.total
+            elif not upcoming and r.state == ACTIVE:
+                out[r.zone] = out.get(r.zone, 0) + r.available
     return out
 
 
+def _upcoming_reason(f: CapacityFacts, zone: str) -> str:
+    blocks = [r for r in f.reservations if r.zone == zone and r.state in UPCOMING]  # type: ignore[union-attr]
+    first = min(blocks, key=lambda r: r.start or "")
+    what = "a Capacity Block" if first.is_block else "a future capacity reservation"
+    return (f"{what} ({first.id}, {first.state}) holds {first.total} {f.info.instance_type} there from "
+            f"{first.start or 'its start date'}; create the node group with 0 nodes until then")
+
+
 def _rank(f: CapacityFacts, candidates: list[str]) -> tuple[str, str]:
-    """(zone, reason) among candidate AZs, best first: reservation, spot score, region order."""
-    reserved = _reserved(f)
+    """(zone, reason) among candidate AZs, best first: reservation now, reservation later, spot score, order."""
+    reserved, later = _reserved(f), _reserved(f, upcoming=True)
     scores = {} if isinstance(f.spot_scores, Unknown) else f.spot_scores
     order = list(f.zones)
 
-    def key(zone: str) -> tuple[int, int, int, int]:
-        covers = reserved.get(zone, 0) >= f.count
-        return (-int(covers), -reserved.get(zone, 0), -scores.get(zone, 0), order.index(zone) if zone in order else 99)
+    def key(zone: str) -> tuple[int, ...]:
+        now, soon = reserved.get(zone, 0), later.get(zone, 0)
+        return (-int(now >= f.count), -int(soon >= f.count), -now, -soon, -scores.get(zone, 0),
+                order.index(zone) if zone in order else 99)
 
     best = sorted(candidates, key=key)[0]
     if reserved.get(best, 0) >= f.count:
         return best, f"capacity reservations hold {reserved[best]} available {f.info.instance_type} there"
+    if later.get(best, 0) >= f.count:
+        return best, _upcoming_reason(f, best)
     if reserved.get(best, 0):
         return best, f"capacity reservations hold {reserved[best]} of the {f.count} instances there"
     if scores.get(best):
@@ -188,11 +240,12 @@ def assess(f: CapacityFacts, allowed: list[str] | None = None) -> CapacityReport
     """Judge the facts; `allowed` limits the AZs a recommendation may name (the cluster's AZs)."""
     itype, needed = f.info.instance_type, f.count * f.info.vcpus
     offered = None if isinstance(f.offered, Unknown) else set(f.offered)
-    reserved = _reserved(f)
+    reserved, later = _reserved(f), _reserved(f, upcoming=True)
     scores = {} if isinstance(f.spot_scores, Unknown) else f.spot_scores
+    known = not isinstance(f.reservations, Unknown)
     rows = [
-        ZoneRow(z, zid, None if offered is None else z in offered,
-                None if isinstance(f.reservations, Unknown) else reserved.get(z, 0), scores.get(z))
+        ZoneRow(z, zid, None if offered is None else z in offered, reserved.get(z, 0) if known else None,
+                scores.get(z), later.get(z, 0) if known else None)
         for z, zid in f.zones.items()
     ]
     report = CapacityReport(f, rows, needed, None, None, "", unknown=_unknowns(f))

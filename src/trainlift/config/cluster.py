@@ -9,7 +9,7 @@ Cross-field rules (EFA and AZs, GPU counts, Ray versions, inline secrets) live i
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,6 +19,7 @@ from trainlift.config.errors import first_error
 from trainlift.errors import SpecError
 
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+S3_URI = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 _defaults = catalog.platform()["defaults"]
@@ -70,6 +71,9 @@ class WorkerGroup(_Section):
     availability_zones: list[str] = Field(default_factory=list, description="EFA groups need exactly one.")
     gpus: int | None = Field(None, ge=1, description="GPUs per Ray worker; default: all of the instance's.")
     capacity_reservation_id: str | None = Field(None, pattern=r"^cr-[0-9a-f]+$")
+    capacity_block: bool = Field(
+        False, description="capacity_reservation_id is a Capacity Block for ML: launched with market type "
+        "capacity-block; the group has 0 nodes until the block is active.")
     placement_group: str | None = None
     taints: list[Taint] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -96,13 +100,15 @@ class ImageSpec(_Section):
 
 
 class S3Storage(_Section):
-    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+    uri: str = Field(pattern=S3_URI, description="Checkpoints and run files; the pods' role may read and write here.")
     service_account: str = Field("ray-train", pattern=DNS_LABEL)
     role_arn: str | None = Field(
         None,
         pattern=r"^arn:aws[a-z\-]*:iam::\d{12}:role/.+$",
-        description="An existing IRSA role; without it eksctl creates one limited to `uri`.",
+        description="An existing IRSA role; without it eksctl creates one limited to `uri` and `read`.",
     )
+    read: list[Annotated[str, Field(pattern=S3_URI)]] = Field(
+        default_factory=list, description="More S3 locations the pods may only read: code zips, datasets, weights.")
 
     @property
     def bucket(self) -> str:

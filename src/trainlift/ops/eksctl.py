@@ -25,11 +25,24 @@ def create_cluster(config: str) -> list[str]:
 
 
 def create_nodegroup(config: str, name: str) -> list[str]:
-    return ["eksctl", "create", "nodegroup", "-f", config, "--include", name]
+    """One node group. The NVIDIA device plugin is trainlift's (a pinned Helm release), so eksctl's own
+    DaemonSet is turned off; eksctl's EFA DaemonSet has no such switch and is adopted by Helm later."""
+    return ["eksctl", "create", "nodegroup", "-f", config, "--include", name, "--install-nvidia-plugin=false"]
+
+
+def scale_nodegroup(cluster: str, region: str, name: str, count: int) -> list[str]:
+    """A fixed size, as rendered: desired = min = max."""
+    return ["eksctl", "scale", "nodegroup", "--cluster", cluster, "--region", region, "--name", name,
+            "--nodes", str(count), "--nodes-min", str(count), "--nodes-max", str(count), "--wait"]
 
 
 def create_service_accounts(config: str) -> list[str]:
     return ["eksctl", "create", "iamserviceaccount", "-f", config, "--approve"]
+
+
+def update_service_accounts(config: str) -> list[str]:
+    """Re-applies the IAM policy of service accounts that exist (create skips them)."""
+    return ["eksctl", "update", "iamserviceaccount", "-f", config, "--approve"]
 
 
 def delete_nodegroup(cluster: str, region: str, name: str) -> list[str]:

@@ -1,8 +1,10 @@
 """Ship a job spec to a Ray cluster through the Job Submission API, and follow it.
 
 The job runs `python -m trainlift train <spec>` in the cluster, with the
-project directory as its working_dir and trainlift itself in py_modules, so
-the cluster's image (e.g. the Ray Train DLC) is used unmodified.
+project directory as its working_dir and trainlift itself in py_modules as a
+wheel (ops/package.py), so the cluster's image (e.g. the Ray Train DLC) is used
+unmodified. The wheel, unlike a directory, is not filtered by runtime_env
+`excludes` (the project's .gitignore patterns): trainlift always ships whole.
 """
 
 from __future__ import annotations
@@ -15,17 +17,16 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-import trainlift
 from trainlift.errors import TrainliftError, UsageError
-from trainlift.ops import localray
+from trainlift.ops import localray, package
+from trainlift.progress_lines import PROGRESS_ENV, PROGRESS_PREFIX
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 
-PROGRESS_PREFIX = "trainlift-progress "
-PROGRESS_ENV = "TRAINLIFT_PROGRESS"  # set to json in a submitted job: `submit --follow` reads those lines
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 ACTIVE = {"PENDING", "RUNNING"}
+RUN_METADATA = "trainlift_run"  # the job's metadata key holding its spec's run.name
 PORT_FORWARD_HINT = ("for a cluster on EKS: kubectl port-forward svc/<cluster>-head-svc 8265:8265 and use "
                      "http://localhost:8265; for this machine: trainlift local up")
 
@@ -72,6 +73,38 @@ def client(address: str):
                              hint="set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
 
 
+SECRET_ENV_HINT = ("on EKS put it in a Kubernetes Secret and list it under the cluster spec's `secrets` (env, secret, "
+                   "key) so the workers' environment has it; on this machine export it in the shell that runs "
+                   "`trainlift local up`")
+
+
+def _secret_like(name: str, value: str) -> bool:
+    """A name that says credential whatever its value (render.rules' words, or a last word KEY), or a value
+    shaped like a token."""
+    from trainlift.render.rules import looks_secret
+
+    return looks_secret(name, value) or looks_secret(name, "any") or name.upper().rsplit("_", 1)[-1] == "KEY"
+
+
+def parse_env(pairs: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """`--env KEY=VALUE`, or `KEY` alone for the value `environ` (this shell) has. A secret is refused either way:
+    the job's runtime_env, env_vars included, is on view in the Ray dashboard."""
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not key.isidentifier():
+            raise UsageError(f"--env {key[:40]!r}: expected KEY=VALUE, or KEY to pass this shell's value")
+        if not sep:
+            if key not in environ:
+                raise UsageError(f"--env {key}: not set in this shell", hint=f"export {key}=... first")
+            value = environ[key]
+        if _secret_like(key, value):  # the value is not echoed: it is the thing being protected
+            raise UsageError(f"--env {key}: a secret passed to the job lands in its runtime_env, which the Ray "
+                             "dashboard shows", hint=SECRET_ENV_HINT)
+        env[key] = value
+    return env
+
+
 def submission_id(run_name: str, spec_text: str, entrypoint: str, runtime_env: dict[str, Any]) -> str:
     """Same spec and options, same id: a resubmission attaches instead of starting a second job."""
     payload = json.dumps({"spec": spec_text, "entrypoint": entrypoint,
@@ -84,21 +117,35 @@ def entrypoint(spec_path: str, overrides: list[str]) -> str:
 
 
 def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
-    """The project directory as working_dir and this trainlift package as a py_module, both uploaded by Ray;
+    """The project directory as working_dir and this trainlift as a wheel in py_modules, both uploaded by Ray;
     the job's `trainlift train` prints machine-readable progress lines for `submit --follow`."""
-    return job_runtime_env(str(working_dir), [str(Path(trainlift.__file__).parent)], excludes, pip,
-                           {PROGRESS_ENV: "json", **env_vars})
+    wheel = package.build_wheel(package.default_dir())
+    return job_runtime_env(str(working_dir), [str(wheel)], excludes, pip, {PROGRESS_ENV: "json", **env_vars})
+
+
+def refuse_if_run_active(job_client, run_name: str) -> None:
+    """One run, one active job: two would write checkpoints and metrics into the same <storage>/<run.name>."""
+    for info in job_client.list_jobs():
+        status = str(info.status.value)
+        if status in ACTIVE and (info.metadata or {}).get(RUN_METADATA) == run_name:
+            job_id = info.submission_id or info.job_id
+            raise UsageError(f"run {run_name!r} already has an active job {job_id} ({status}); a second one would "
+                             "write into the same run directory",
+                             hint=f"stop it first: trainlift jobs stop {job_id}, or give this job its own run: "
+                                  "--set run.name=NEW_NAME")
 
 
 def submit(job_client, sub_id: str, entry: str, env: dict[str, Any], metadata: dict[str, str]) -> tuple[str, bool]:
     """Attach to the attempt of this id that is still PENDING or RUNNING; when every earlier attempt has ended
     (FAILED, STOPPED, SUCCEEDED), submit the next one (`<id>-2`, `<id>-3`, ...), which resumes from the run's
-    newest complete checkpoint. Returns (the attempt's id, whether it was created)."""
+    newest complete checkpoint. Refuses while another job of the same run is active.
+    Returns (the attempt's id, whether it was created)."""
     for attempt in itertools.count(1):
         attempt_id = sub_id if attempt == 1 else f"{sub_id}-{attempt}"
         try:
             status = str(job_client.get_job_info(attempt_id).status.value)
         except RuntimeError:
+            refuse_if_run_active(job_client, metadata[RUN_METADATA])
             job_client.submit_job(entrypoint=entry, submission_id=attempt_id, runtime_env=env, metadata=metadata)
             return attempt_id, True
         if status in ACTIVE:

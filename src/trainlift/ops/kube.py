@@ -24,6 +24,10 @@ from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
 
 FIELD_MANAGER = "trainlift"
 SPEC_HASH = "trainlift.io/spec-sha256"
+# What Helm (>= 3.2) reads to adopt an object it did not create.
+HELM_RELEASE = "meta.helm.sh/release-name"
+HELM_NAMESPACE = "meta.helm.sh/release-namespace"
+MANAGED_BY = "app.kubernetes.io/managed-by"
 TIMEOUT_S = 60
 REQUEST_TIMEOUT = "20s"
 
@@ -116,6 +120,16 @@ def parse_names(text: str) -> frozenset[str]:
     return frozenset(i.get("metadata", {}).get("name", "") for i in _items(text))
 
 
+def parse_daemonsets(text: str) -> dict[str, str]:
+    """`kubectl get daemonsets -o json`: name -> the Helm release that owns it ("" when Helm does not)."""
+    out = {}
+    for item in _items(text):
+        meta = item.get("metadata", {})
+        helm = (meta.get("labels") or {}).get(MANAGED_BY) == "Helm"
+        out[meta.get("name", "")] = (meta.get("annotations") or {}).get(HELM_RELEASE, "") if helm else ""
+    return out
+
+
 def parse_raycluster(cluster_json: str | None, pods_json: str) -> RayState:
     if not cluster_json:
         return RayState(exists=False)
@@ -152,6 +166,14 @@ def helm_install(kubeconfig: str, args: list[str], wait: bool) -> list[str]:
     """A rendered `helm upgrade --install` argv, pointed at the cluster's kubeconfig."""
     out = [*args, "--kubeconfig", kubeconfig]
     return out + (["--wait", "--timeout", "10m"] if wait else [])
+
+
+def helm_adopt(kubeconfig: str, kind: str, name: str, namespace: str, release: str) -> list[str]:
+    """Mark an object Helm did not create as the release's, so `helm upgrade --install` takes it over."""
+    patch = {"metadata": {"labels": {MANAGED_BY: "Helm"},
+                          "annotations": {HELM_RELEASE: release, HELM_NAMESPACE: namespace}}}
+    return kubectl(kubeconfig, "-n", namespace, "patch", kind, name, "--type=merge",
+                   "-p", json.dumps(patch, sort_keys=True, separators=(",", ":")))
 
 
 def ray_selector(cluster: str, node_type: str) -> str:
@@ -213,6 +235,10 @@ class Kube:
     def names(self, kind: str, namespace: str) -> frozenset[str] | Unknown:
         out = self._get("kubectl", ["get", kind, "-n", namespace, "-o", "json"])
         return out if isinstance(out, Unknown) else parse_names(out)
+
+    def daemonsets(self, namespace: str) -> dict[str, str] | Unknown:
+        out = self._get("kubectl", ["get", "daemonsets", "-n", namespace, "-o", "json"])
+        return out if isinstance(out, Unknown) else parse_daemonsets(out)
 
     def raycluster(self, namespace: str, name: str) -> RayState | Unknown:
         found = self._get("kubectl", ["get", "rayclusters.ray.io", "-n", namespace, "--field-selector",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -28,7 +29,10 @@ from trainlift.errors import SpecError, TrainliftError
 from trainlift.ops import kube
 from trainlift.ops.eksctl import observe_with_eksctl
 from trainlift.ops.placement import Placement, allowed_zones, place, resolve_spec
-from trainlift.ops.plan import ABSENT, BUSY, CLIENT_PORT, Files, Observed, Op, Plan, Step
+from trainlift.ops.plan import ABSENT, BUSY, Files, Observed, Op, Plan, Step
+from trainlift.ops.steps import FORWARDED_DASHBOARD_PORT
+from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
+from trainlift.ops.preflight import TOOLS, owner_tags
 from trainlift.ops.run import Background, check
 
 DEFAULT_ROOT = ".trainlift"
@@ -88,10 +92,41 @@ def _observe_kubernetes(spec: ClusterSpec, files: Files) -> dict:
         out["unknown"]["helm"] = releases.reason
     else:
         out["releases"] = releases
+    if "kubernetes" not in out["unknown"]:
+        daemonsets = k.daemonsets(PLUGIN_NAMESPACE)
+        out["daemonsets"] = None if isinstance(daemonsets, Unknown) else daemonsets
+    return out
+
+
+def tools_on_path() -> dict[str, bool]:
+    return {tool: shutil.which(tool) is not None for tool in TOOLS}
+
+
+def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
+    """The control plane stack eksctl left, and the tags that say who created the cluster."""
+    out: dict = {"unknown": {}}
+    stack = aws.cluster_stack(spec.name)
+    if isinstance(stack, Unknown):
+        out["unknown"]["stack"] = stack.reason
+    else:
+        out["stack"] = stack
+    found = aws.cluster_tags(spec.name) if exists else None
+    if isinstance(found, Unknown):
+        out["unknown"]["tags"] = found.reason
+    elif found is not None:
+        out.update(tags=found.tags, cluster_arn=found.arn)
+    elif out.get("stack") is not None:
+        out["tags"] = out["stack"].tags
     return out
 
 
 def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
+    seen = _observe(spec, files, aws)
+    owner = _observe_owner(spec, aws, exists=seen.control_plane not in (None, ABSENT))
+    return replace(seen, tools=tools_on_path(), unknown={**seen.unknown, **owner.pop("unknown")}, **owner)
+
+
+def _observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     unknown: dict[str, str] = {}
     try:
         info = aws.cluster(spec.name)
@@ -138,16 +173,21 @@ def _capacity(spec: ClusterSpec, seen: Observed, aws: Aws) -> tuple[dict[str, Ca
     return reports, zones
 
 
-def _render(spec: ClusterSpec, root: str, write: bool) -> tuple[Files, list[str]]:
+def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None = None) -> tuple[Files, list[str]]:
     from trainlift.render import render_cluster
 
     manifests, written = [], []
     digest, account = "", False
-    for m in render_cluster(spec):
+    for m in render_cluster(spec, reservations=reservations):
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)
             body = json.loads(json.dumps(m.body))
             body["metadata"].setdefault("annotations", {})[kube.SPEC_HASH] = digest
+            m = replace(m, body=body)
+        elif m.kind == "ClusterConfig":
+            # eksctl puts metadata.tags on the EKS cluster and on every stack it creates.
+            body = json.loads(json.dumps(m.body))
+            body["metadata"]["tags"] = {**body["metadata"].get("tags", {}), **owner_tags(spec)}
             m = replace(m, body=body)
         account = account or m.kind == "ServiceAccount"
         manifests.append(m)
@@ -160,16 +200,43 @@ def _render(spec: ClusterSpec, root: str, write: bool) -> tuple[Files, list[str]
     return Files(root, digest, account), written
 
 
+def _render_or_nothing(spec: ClusterSpec, root: str, write: bool, tolerate: bool,
+                       reservations: dict | None = None) -> tuple[Files, list[str]]:
+    try:
+        return _render(spec, root, write, reservations)
+    except SpecError:
+        if not tolerate:
+            raise
+        return Files(root), []
+
+
+def _without_credentials(spec: ClusterSpec, root: str, write: bool, aws: Aws, why: str, for_up: bool) -> Prepared:
+    """A dry run without AWS credentials: planned as if nothing existed, saying so on every step."""
+    seen = replace(Observed.nothing(assumed=why), tools=tools_on_path())
+    if not for_up:
+        return Prepared(spec, seen, {}, {}, Files(root), [], aws)
+    placements = {name: replace(p, reason=f"{p.reason}: {why}") for name, p in place(spec, {}, None).items()}
+    resolved = resolve_spec(spec, placements, list(spec.availability_zones), None)
+    files, written = _render_or_nothing(resolved, root, write, tolerate=True)
+    return Prepared(resolved, seen, {}, placements, files, written, aws)
+
+
 def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws: Aws | None = None,
-            for_up: bool = True) -> Prepared:
+            for_up: bool = True, need_credentials: bool = True) -> Prepared:
     """Observe, check capacity, pin AZs, render (and write) the files: everything a plan needs.
 
     `for_up=False` (down) only observes: nothing is created, so nothing is placed or rendered.
+    `need_credentials=False` (dry runs): without AWS credentials, plan as if nothing existed.
     """
     check_region(spec.region)
     aws = aws or Aws(spec.region)
-    aws.identity()
     root = cluster_dir(spec, root)
+    try:
+        aws.identity()
+    except CredentialsError as exc:
+        if need_credentials:
+            raise
+        return _without_credentials(spec, root, write, aws, f"not looked up: {exc.message}", for_up)
     seen = observe(spec, Files(root), aws)
     if not for_up:
         return Prepared(spec, seen, {}, {}, Files(root), [], aws)
@@ -182,12 +249,12 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
         offered = aws.offered_zones(spec.system.instance_type)
         system = None if isinstance(offered, Unknown) else offered
     resolved = resolve_spec(spec, placements, zones, system)
-    try:
-        files, written = _render(resolved, root, write)
-    except SpecError:
-        if not any(p.blocking for p in placements.values()):
-            raise
-        files, written = Files(root), []
+    # What EC2 says about each reservation: render checks the group against it, and a Capacity Block not yet
+    # active keeps its group at 0 nodes.
+    seen = replace(seen, reservations={w.capacity_reservation_id: aws.reservation(w.capacity_reservation_id)
+                                       for w in spec.workers if w.capacity_reservation_id})
+    files, written = _render_or_nothing(resolved, root, write, any(p.blocking for p in placements.values()),
+                                        seen.reservations)
     return Prepared(resolved, seen, reports, placements, files, written, aws)
 
 
@@ -203,6 +270,11 @@ def _group_status(aws: Aws, spec: ClusterSpec, name: str) -> str:
 def _satisfied(until: str, spec: ClusterSpec, files: Files, aws: Aws) -> tuple[bool, str]:
     """(holds, what was seen) for one wait condition of the plan."""
     what, _, want = until.partition("=")
+    if what == "stack":
+        stack = aws.cluster_stack(spec.name)
+        if isinstance(stack, Unknown):
+            return False, stack.reason
+        return stack is None, stack.status if stack else ABSENT
     if what == "control-plane":
         info = aws.cluster(spec.name)
         status = info.status if info else ABSENT
@@ -257,7 +329,7 @@ def _doctor(op: Op, echo: Callable[[str], None]) -> None:
         deadline = time.monotonic() + 60
         while True:
             try:
-                socket.create_connection(("127.0.0.1", CLIENT_PORT), timeout=2).close()
+                socket.create_connection(("127.0.0.1", FORWARDED_DASHBOARD_PORT), timeout=2).close()
                 break
             except OSError:
                 if not forward.alive() or time.monotonic() > deadline:
@@ -270,6 +342,8 @@ def apply(prepared: Prepared, plan: Plan, echo: Callable[[str], None],
           on_step: Callable[[Step], None] = lambda s: None) -> list[str]:
     """Run every step's operations in order; stop at the first failure (re-running resumes)."""
     spec, files, aws = prepared.spec, prepared.files, prepared.aws
+    if prepared.seen.assumed:
+        raise TrainliftError(f"nothing is applied from a plan made without observing: {prepared.seen.assumed}")
     if plan.blocked:
         first = plan.blocked[0]
         raise TrainliftError(f"{first.title}: {first.note}", hint=first.fix or None)
@@ -283,13 +357,34 @@ def apply(prepared: Prepared, plan: Plan, echo: Callable[[str], None],
             if info is not None and info.endpoint and info.ca_data:
                 _write_kubeconfig(spec, info, files)
         for op in step.ops:
-            if op.kind == "wait":
-                wait_for(op, spec, files, aws)
-            elif op.kind == "doctor":
-                _doctor(op, echo)
-            else:
-                # eksctl creations are not safe to repeat blindly; the next `up` re-observes instead.
-                attempts = 1 if op.argv[0] == "eksctl" else 3
-                check(list(op.argv), RUN_TIMEOUT_S, echo=echo, attempts=attempts)
+            _apply_op(op, spec, files, aws, echo)
         done.append(step.key)
     return done
+
+
+def _apply_op(op: Op, spec: ClusterSpec, files: Files, aws: Aws, echo: Callable[[str], None]) -> None:
+    if op.kind == "wait":
+        wait_for(op, spec, files, aws)
+    elif op.kind == "doctor":
+        _doctor(op, echo)
+    elif op.kind == "tag":
+        key, _, value = op.argv[1].partition("=")
+        aws.tag_cluster(op.argv[0], {key: value})
+    elif op.kind == "adopt":
+        if _needs_adopting(op, files):
+            check(list(op.argv), RUN_TIMEOUT_S, echo=echo)
+    else:
+        # eksctl creations are not safe to repeat blindly; the next `up` re-observes instead.
+        attempts = 1 if op.argv[0] == "eksctl" else 3
+        check(list(op.argv), RUN_TIMEOUT_S, echo=echo, attempts=attempts)
+
+
+def _needs_adopting(op: Op, files: Files) -> bool:
+    """At apply time: does the object exist without the Helm release's ownership marks?"""
+    what, _, release = op.until.partition("=")
+    _, namespace, name = what.split("/")
+    owners = kube.Kube(files.kubeconfig).daemonsets(namespace)
+    if isinstance(owners, Unknown):
+        raise TrainliftError(f"cannot tell who owns daemonset {namespace}/{name}: {owners.reason}",
+                             hint="run the same command again once kubectl reaches the cluster")
+    return name in owners and owners[name] != release

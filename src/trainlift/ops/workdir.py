@@ -4,6 +4,9 @@ Excluded: version control, virtualenvs, caches, run directories, whatever the
 project's .gitignore excludes, and credential-looking files (with a warning).
 The size is computed before upload so an oversized directory fails here,
 naming its largest files, instead of as "Request Entity Too Large" later.
+
+Ray applies runtime_env `excludes` to py_modules directories as well, which is
+why trainlift travels as a wheel (ops/package.py) that these patterns never trim.
 """
 
 from __future__ import annotations

@@ -2,30 +2,33 @@
 
 `render_cluster(spec)` checks trainlift's rules, renders every manifest, validates each
 against its schema, and returns them with the relative paths they belong at. Nothing
-here touches the file system beyond the packaged schemas; the caller writes.
+here touches the file system beyond the packaged schemas; the caller writes. Facts the
+caller looked up (capacity reservations) and the S3 URIs the job uses are checked too.
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 import yaml
 
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
-from trainlift.render.eksctl import render_eksctl
+from trainlift.render.eksctl import Reservations, block_active, render_eksctl
 from trainlift.render.helm import helm_install_args, render_helm_releases
+from trainlift.render.problems import raise_problems
 from trainlift.render.raycluster import MANAGED_BY, render_raycluster
 from trainlift.render.rayjob import JobInputs, render_rayjob
-from trainlift.render.rules import check_cluster
+from trainlift.render.rules import cluster_problems, reservation_problems
+from trainlift.render.s3_access import S3Use, runtime_env_s3_uses, s3_access_problems
 from trainlift.render.validate import core_problems, crd_problems, eksctl_problems, values_problems
 
 Check = Literal["eksctl", "crd", "core", "helm-values", "none"]
 MAX_LISTED = 5
 
-__all__ = ["JobInputs", "Manifest", "render_cluster", "to_yaml", "validate_manifests"]
+__all__ = ["JobInputs", "Manifest", "S3Use", "render_cluster", "to_yaml", "validate_manifests"]
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,22 @@ def _helm_manifests(spec: ClusterSpec) -> list[Manifest]:
     return [head] + manifests
 
 
-def render_manifests(spec: ClusterSpec, job: JobInputs | None = None) -> list[Manifest]:
+def _eksctl_comment(spec: ClusterSpec, reservations: Reservations | None) -> str:
+    lines = ["eksctl create cluster -f eksctl.yaml"]
+    for w in spec.workers:
+        if w.capacity_block and not block_active(w, reservations):
+            lines.append(f"{w.name}: 0 nodes until Capacity Block {w.capacity_reservation_id} is active; then "
+                         f"eksctl scale nodegroup --cluster {spec.name} --name {w.name} --nodes {w.count} "
+                         f"--region {spec.region}")
+    return "\n".join(lines)
+
+
+def render_manifests(spec: ClusterSpec, job: JobInputs | None = None,
+                     reservations: Reservations | None = None) -> list[Manifest]:
     """Every manifest for the spec, unvalidated (render_cluster validates)."""
     k8s = "kubectl apply -f k8s/  (after the Helm releases)"
-    manifests = [Manifest("eksctl.yaml", render_eksctl(spec), "eksctl", "eksctl create cluster -f eksctl.yaml")]
+    manifests = [Manifest("eksctl.yaml", render_eksctl(spec, reservations), "eksctl",
+                          _eksctl_comment(spec, reservations))]
     manifests += _helm_manifests(spec)
     manifests.append(Manifest("k8s/00-namespace.yaml", _namespace(spec), "core", k8s))
     account = _service_account(spec)
@@ -140,9 +155,18 @@ def validate_manifests(manifests: list[Manifest], kubernetes_version: str) -> No
         )
 
 
-def render_cluster(spec: ClusterSpec, job: JobInputs | None = None) -> list[Manifest]:
-    """Rules, render, validate: the manifests come back only when every check passed."""
-    check_cluster(spec)
-    manifests = render_manifests(spec, job)
+def render_cluster(spec: ClusterSpec, job: JobInputs | None = None, *, s3_uses: Iterable[S3Use] = (),
+                   reservations: Reservations | None = None) -> list[Manifest]:
+    """Rules, render, validate: the manifests come back only when every check passed.
+
+    `s3_uses`: S3 URIs the job spec reads and writes (`s3_access.job_s3_uses`); with the RayJob's
+    runtime_env zips they must fall inside the pods' S3 role. `reservations`: what EC2 says about
+    the worker groups' capacity reservations (`Aws.reservation`), checked against each group and
+    used to size Capacity Block groups.
+    """
+    uses = list(s3_uses) + (runtime_env_s3_uses(job.working_dir, [job.trainlift_uri]) if job else [])
+    raise_problems(cluster_problems(spec) + reservation_problems(spec, reservations or {})
+                   + s3_access_problems(spec, uses))
+    manifests = render_manifests(spec, job, reservations)
     validate_manifests(manifests, spec.kubernetes_version)
     return manifests

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from trainlift import catalog
-from trainlift.config.cluster import ClusterSpec, S3Storage, WorkerGroup
+from trainlift.cloud.capacity import Reservation, Unknown
+from trainlift.config.cluster import ClusterSpec, WorkerGroup
+from trainlift.render.s3_access import s3_policy
 
 SYSTEM_GROUP = "system-nodes"
 SYSTEM_LABELS = {"role": "system"}
@@ -13,39 +15,13 @@ WORKER_ROLE = "gpu-worker"
 WORKER_GROUP_LABEL = "trainlift.io/worker-group"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 RESERVED_LABELS = ("role", GPU_PRESENT_LABEL, WORKER_GROUP_LABEL)
+Reservations = Mapping[str, Reservation | Unknown]  # capacity reservation id -> what EC2 says about it
 
 
 def worker_labels(w: WorkerGroup) -> dict[str, str]:
     # The NVIDIA device plugin chart's default affinity needs nvidia.com/gpu.present
     # (or Node Feature Discovery, which this cluster does not run).
     return {"role": WORKER_ROLE, GPU_PRESENT_LABEL: "true", WORKER_GROUP_LABEL: w.name, **w.labels}
-
-
-def _partition(region: str) -> str:
-    if region.startswith("cn-"):
-        return "aws-cn"
-    return "aws-us-gov" if region.startswith("us-gov-") else "aws"
-
-
-def s3_policy(s3: S3Storage, region: str) -> dict[str, Any]:
-    """Least privilege for checkpoints: list, read, write and delete under the storage prefix only."""
-    bucket = f"arn:{_partition(region)}:s3:::{s3.bucket}"
-    objects = f"{bucket}/{s3.prefix}/*" if s3.prefix else f"{bucket}/*"
-    listing: dict[str, Any] = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": bucket}
-    if s3.prefix:
-        listing["Condition"] = {"StringLike": {"s3:prefix": [s3.prefix, f"{s3.prefix}/*"]}}
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": bucket},
-            listing,
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": objects,
-            },
-        ],
-    }
 
 
 def _iam(spec: ClusterSpec) -> dict[str, Any]:
@@ -75,6 +51,19 @@ def _sized(count: int) -> dict[str, int]:
     return {"desiredCapacity": count, "minSize": count, "maxSize": count}
 
 
+def block_active(w: WorkerGroup, reservations: Reservations | None) -> bool:
+    """Whether the group's Capacity Block is known to be active (launches before then fail)."""
+    found = (reservations or {}).get(w.capacity_reservation_id or "")
+    return isinstance(found, Reservation) and found.state == "active"
+
+
+def _worker_size(w: WorkerGroup, reservations: Reservations | None) -> dict[str, int]:
+    if not w.capacity_block:
+        return _sized(w.count)
+    # Zero nodes until the block starts; min 0 so the group can drain before EC2 ends the block.
+    return {"desiredCapacity": w.count if block_active(w, reservations) else 0, "minSize": 0, "maxSize": w.count}
+
+
 def _system_group(spec: ClusterSpec) -> dict[str, Any]:
     return {
         "name": SYSTEM_GROUP,
@@ -87,13 +76,13 @@ def _system_group(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def _worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:
+def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations | None) -> dict[str, Any]:
     efa = spec.fabric == "efa"
     group: dict[str, Any] = {
         "name": w.name,
         "instanceType": w.instance_type,
         "amiFamily": spec.ami_family,
-        **_sized(w.count),
+        **_worker_size(w, reservations),
     }
     if w.availability_zones:
         group["availabilityZones"] = list(w.availability_zones)
@@ -109,10 +98,13 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:
         group["capacityReservation"] = {
             "capacityReservationTarget": {"capacityReservationID": w.capacity_reservation_id}
         }
+    if w.capacity_block:
+        group["instanceMarketOptions"] = {"marketType": "capacity-block"}
     return group
 
 
-def render_eksctl(spec: ClusterSpec) -> dict[str, Any]:
+def render_eksctl(spec: ClusterSpec, reservations: Reservations | None = None) -> dict[str, Any]:
+    """`reservations` (id -> facts from EC2) size Capacity Block groups; unknown blocks start at 0 nodes."""
     config: dict[str, Any] = {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -123,5 +115,6 @@ def render_eksctl(spec: ClusterSpec) -> dict[str, Any]:
     config["vpc"] = {"clusterEndpoints": {"privateAccess": True, "publicAccess": True}}
     config["iam"] = _iam(spec)
     config["addons"] = _addons(spec)
-    config["managedNodeGroups"] = [_system_group(spec)] + [_worker_group(spec, w) for w in spec.workers]
+    config["managedNodeGroups"] = [_system_group(spec)] + [
+        _worker_group(spec, w, reservations) for w in spec.workers]
     return config

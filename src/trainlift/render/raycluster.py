@@ -6,12 +6,14 @@ import math
 from typing import Any
 
 from trainlift import catalog
+from trainlift.catalog.lookup import pinned_image
 from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPU_RESOURCE = "nvidia.com/gpu"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
 POD_INTERFACE = "eth0"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
 
@@ -20,6 +22,19 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
 WORKER_RESERVE = (0.10, 2, 4)  # fraction, at least this many vCPUs, at least this many GiB
 HEAD_RESERVE = (0.25, 1, 4)
 SHM_SHARE = 4  # /dev/shm may use up to 1/4 of the pod's memory (it counts against the limit)
+
+# `jobs stop` (Ray's stop_job) sends SIGTERM to the job's driver, which then finishes the step in flight, writes a
+# checkpoint and exits; Ray SIGKILLs it RAY_JOB_STOP_WAIT_TIME_S seconds after the SIGTERM, 3 s unless set (Ray's
+# job supervisor, ray/dashboard/modules/job: DEFAULT_RAY_JOB_STOP_WAIT_TIME_S = 3; docs: JobSubmissionClient.stop_job
+# "attempts to terminate process first, then kills process after timeout"). The head's job supervisor reads it from
+# its environment. trainlift sets it to
+#     STOP_FLOOR_S + (bits one node checkpoints) / (bits per second it writes), rounded up,
+# where a node checkpoints at most its GPUs' memory (FSDP keeps each rank's parameter and optimizer shards there)
+# and writes at a quarter of its network bandwidth, capped at a quarter of storage's per-instance ceiling
+# (platform.yaml checkpoint_write). The floor covers the step in flight and the driver's exit.
+# g6.12xlarge: 60 s + 4 x 22888 MiB at 10 Gb/s = 137 s; p5.48xlarge: 60 s + 8 x 80 GiB at 25 Gb/s = 280 s.
+STOP_FLOOR_S = 60
+WRITE_SHARE = 4
 
 
 def pod_size(profile: catalog.InstanceProfile, reserve: tuple[float, int, int]) -> tuple[int, int]:
@@ -83,11 +98,29 @@ def service_account(spec: ClusterSpec) -> dict[str, str]:
     return {"serviceAccountName": s3.service_account} if s3 else {}
 
 
+def stop_wait_seconds(spec: ClusterSpec) -> int:
+    """RAY_JOB_STOP_WAIT_TIME_S for the head: time for a stopped job's final checkpoint (formula above)."""
+    ceiling = float(catalog.platform()["checkpoint_write"]["max_gbps"])
+    write_s = 0.0
+    for w in spec.workers:
+        profile = w.profile
+        bits = profile.gpus * profile.gpu_memory_mib * 2**20 * 8
+        rate = min(profile.network_gbps, ceiling) / WRITE_SHARE * 1e9
+        write_s = max(write_s, bits / rate)
+    return STOP_FLOOR_S + math.ceil(write_s)
+
+
+def image_ref(spec: ClusterSpec) -> str:
+    """The image the pods run: a digest reference as given, a floating catalog tag as the release it stands for,
+    any other image as written."""
+    return pinned_image(spec.image.uri) or spec.image.uri
+
+
 def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resources: dict[str, str],
                mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": name,
-        "image": spec.image.uri,
+        "image": image_ref(spec),
         "imagePullPolicy": spec.image.pull_policy,
         "env": env,
         "resources": _resources(resources),
@@ -100,7 +133,7 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
     cpu, gib = pod_size(catalog.lookup(spec.system.instance_type), HEAD_RESERVE)
     volumes, mounts = _volumes(spec, max(1, gib // SHM_SHARE))
     # The node runtime's NVIDIA hook fails on GPU-less nodes unless the pod opts out.
-    env = _env({"NVIDIA_VISIBLE_DEVICES": "void"}, spec)
+    env = _env({"NVIDIA_VISIBLE_DEVICES": "void", "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_seconds(spec))}, spec)
     container = _container(spec, "ray-head", env, {"cpu": str(cpu), "memory": f"{gib}Gi"}, mounts)
     container["ports"] = [
         {"containerPort": 6379, "name": "gcs-server"},
@@ -109,7 +142,8 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
     ]
     return {
         "serviceType": "ClusterIP",
-        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+        # No CPUs for tasks: the driver and Ray Train's controller (num_cpus=0) run here, training work on workers.
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"},
         "template": {
             "metadata": {"labels": dict(MANAGED_BY)},
             "spec": {
@@ -140,6 +174,9 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:
     amounts = {"cpu": str(cpu), "memory": f"{gib}Gi", GPU_RESOURCE: str(gpus)}
     if spec.fabric == "efa":
         amounts[EFA_RESOURCE] = str(profile.efa_interfaces)
+        # Without a hugepages request the container's hugetlb limit is 0 and libfabric falls back to 4 KiB pages.
+        if profile.efa_hugepages_mib:
+            amounts[HUGEPAGES_RESOURCE] = f"{profile.efa_hugepages_mib}Mi"
     volumes, mounts = _volumes(spec, max(1, gib // SHM_SHARE))
     container = _container(spec, "ray-worker", _env(fabric_env(spec), spec), amounts, mounts)
     # Locked (pinned) memory for EFA and NCCL buffers.

@@ -16,7 +16,7 @@ from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import SYSTEM_LABELS
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
-from trainlift.render.raycluster import MANAGED_BY, raycluster_spec, service_account
+from trainlift.render.raycluster import MANAGED_BY, image_ref, raycluster_spec, service_account
 
 # KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
 MAX_NAME = 47
@@ -63,7 +63,7 @@ def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
     if job.trainlift_uri is None or "://" not in job.trainlift_uri:
         problems.append(
             f"runtime_env.py_modules: {job.trainlift_uri or 'no trainlift package'} is not a remote URI; the "
-            "cluster's image has no trainlift, so ship it as a zip (e.g. s3://bucket/trainlift.zip holding trainlift/)"
+            "cluster's image has no trainlift, so ship it as a wheel: `trainlift package --upload s3://bucket/code/`"
         )
     if job.ttl_seconds_after_finished < 0:
         problems.append("ttl_seconds_after_finished: must be at least 0")
@@ -81,7 +81,7 @@ def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
             **service_account(cluster),
             "containers": [{
                 "name": "ray-job-submitter",
-                "image": cluster.image.uri,
+                "image": image_ref(cluster),
                 "imagePullPolicy": cluster.image.pull_policy,
                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
                 "resources": {

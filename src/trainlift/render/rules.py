@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from trainlift import catalog
-from trainlift.config.cluster import ClusterSpec
-from trainlift.errors import SpecError
-from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP
+from trainlift.cloud.capacity import ENDED, Reservation
+from trainlift.config.cluster import ClusterSpec, WorkerGroup
+from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP, Reservations
+from trainlift.render.problems import Problem, raise_problems
 
 _SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
 _KEY_QUALIFIERS = {"API", "ACCESS", "PRIVATE", "SECRET", "SIGNING"}
@@ -16,16 +16,6 @@ _SECRET_VALUE = re.compile(
     r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
     r"|xox[abp]-[A-Za-z0-9\-]{10,})$"
 )
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: str
-    message: str
-    hint: str | None = None
-
-    def line(self) -> str:
-        return f"{self.path}: {self.message}"
 
 
 def looks_secret(name: str, value: str) -> bool:
@@ -138,15 +128,66 @@ def _secret_problems(spec: ClusterSpec) -> list[Problem]:
     return problems
 
 
+def _reservation_spec_problems(spec: ClusterSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    for i, w in enumerate(spec.workers):
+        if w.capacity_block and not w.capacity_reservation_id:
+            problems.append(Problem(
+                f"workers[{i}].capacity_block", "needs capacity_reservation_id (the block's cr-... id)",
+                hint=f"aws ec2 describe-capacity-reservations --region {spec.region} "
+                "--filters Name=reservation-type,Values=capacity-block",
+            ))
+        elif w.capacity_reservation_id and len(w.availability_zones) != 1:
+            where = f"spans {', '.join(w.availability_zones)}" if w.availability_zones else "sets no AZ"
+            problems.append(Problem(
+                f"workers[{i}].availability_zones",
+                f"a group on capacity reservation {w.capacity_reservation_id} must sit in the reservation's AZ "
+                f"and only there; this one {where}",
+                hint=f"set availability_zones: [<AZ of {w.capacity_reservation_id}>] "
+                f"(trainlift capacity {w.instance_type} --region {spec.region} lists it)",
+            ))
+    return problems
+
+
+def _facts_problems(i: int, w: WorkerGroup, r: Reservation) -> list[Problem]:
+    at, rid = f"workers[{i}]", r.id
+    problems: list[Problem] = []
+    if r.instance_type and r.instance_type != w.instance_type:
+        problems.append(Problem(f"{at}.capacity_reservation_id",
+                                f"{rid} reserves {r.instance_type}; this group runs {w.instance_type}"))
+    if r.is_block and not w.capacity_block:
+        problems.append(Problem(f"{at}.capacity_block", f"{rid} is a Capacity Block; set capacity_block: true",
+                                hint="instances in a Capacity Block launch only with market type capacity-block"))
+    elif w.capacity_block and not r.is_block:
+        problems.append(Problem(f"{at}.capacity_block", f"{rid} is an On-Demand Capacity Reservation, "
+                                "not a Capacity Block; drop capacity_block"))
+    if w.availability_zones and w.availability_zones != [r.zone]:
+        problems.append(Problem(
+            f"{at}.availability_zones",
+            f"{rid} is in {r.zone}; this group is in {', '.join(w.availability_zones)}, where it cannot launch",
+            hint=f"set {at}.availability_zones: [{r.zone}] and keep {r.zone} in the cluster's availability_zones",
+        ))
+    if r.state in ENDED:
+        problems.append(Problem(f"{at}.capacity_reservation_id", f"{rid} is {r.state}; nothing can launch in it"))
+    elif r.total and w.count > r.total:
+        problems.append(Problem(f"{at}.count", f"{rid} holds {r.total} instance(s); count is {w.count}",
+                                hint=f"set count: {r.total} or reserve more"))
+    return problems
+
+
+def reservation_problems(spec: ClusterSpec, reservations: Reservations) -> list[Problem]:
+    """What EC2's facts about each group's reservation rule out: another AZ, type or kind, an end, too few."""
+    problems: list[Problem] = []
+    for i, w in enumerate(spec.workers):
+        found = reservations.get(w.capacity_reservation_id or "")
+        if isinstance(found, Reservation):
+            problems += _facts_problems(i, w, found)
+    return problems
+
+
 def cluster_problems(spec: ClusterSpec) -> list[Problem]:
     """Every rule the spec breaks, worker groups first (their problems are usually the cause)."""
-    return _worker_problems(spec) + _cluster_problems(spec) + _secret_problems(spec)
-
-
-def raise_problems(problems: list[Problem]) -> None:
-    """One SpecError whose single line lists every problem, the first one's hint attached."""
-    if problems:
-        raise SpecError("; ".join(p.line() for p in problems), hint=problems[0].hint)
+    return _worker_problems(spec) + _reservation_spec_problems(spec) + _cluster_problems(spec) + _secret_problems(spec)
 
 
 def check_cluster(spec: ClusterSpec) -> None:
