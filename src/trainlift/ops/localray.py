@@ -130,7 +130,7 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):
         if proc.poll() is not None or time.monotonic() > deadline:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             raise TrainliftError(f"the local Ray head did not come up on {url}: {' | '.join(tail)}",
                                  hint=f"is port {port} free? try --port; full log: {log_path}")
@@ -151,7 +151,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _kill_group(pgid: int, grace_s: float = 8.0) -> None:
+def kill_group(pgid: int, grace_s: float = 8.0) -> None:
     """SIGTERM, then SIGKILL after a grace period (a head drains for up to 30 s otherwise)."""
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -178,5 +178,5 @@ def down() -> bool:
     state_file().unlink(missing_ok=True)
     if state is None:
         return False
-    _kill_group(state["pid"])
+    kill_group(state["pid"])
     return True

@@ -1,0 +1,123 @@
+"""The processes of a rehearsal: a Ray head with its dashboard and one raylet per worker pod, all on loopback,
+each started with its pod group's `ray start` flags and env, and the job submitted through the Jobs API."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from trainlift.errors import TrainliftError
+from trainlift.ops import run
+from trainlift.ops.localray import LOOPBACK, dashboard_up, free_port, kill_group
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+START_TIMEOUT_S = 120.0
+# Each raylet would size its object store at 30% of this machine's memory; several on one machine overcommit it
+# (a process then fails to map a large library). The rehearsal moves no large objects.
+OBJECT_STORE_BYTES = 512 << 20
+
+
+class LocalCluster:
+    """`with LocalCluster(rehearsal, echo) as cluster:` the cluster is up inside the block, and gone after it."""
+
+    def __init__(self, rehearsal, echo: Callable[[str], None]):
+        self.rehearsal, self.echo = rehearsal, echo
+        self.groups: list[int] = []  # process group ids of the `ray start --block` processes
+        self.temp = ""
+        self.dashboard = ""
+
+    def __enter__(self) -> "LocalCluster":
+        self.temp = tempfile.mkdtemp(prefix="tlr-", dir="/tmp")  # short: Ray's unix socket paths are limited
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pgid in reversed(self.groups):
+            kill_group(pgid)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _env(self, pod_env: dict[str, str]) -> dict[str, str]:
+        """This environment (its S3 endpoint and credentials, this interpreter first on PATH, so the job's `python`
+        has the libraries the image would), without another cluster's address or auth, plus the pod's env."""
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**keep, "PATH": path, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", **pod_env}
+
+    def _ray_start(self, name: str, flags: list[str], params: dict[str, str], env: dict[str, str]) -> None:
+        ports = [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"]
+        params = {"object-store-memory": str(OBJECT_STORE_BYTES), **params}
+        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--node-ip-address={LOOPBACK}",
+               *ports, *flags, *(f"--{k}={v}" for k, v in params.items())]
+        proc = run.spawn_detached(cmd, os.path.join(self.temp, f"{name}.log"), env=self._env(env))
+        self.groups.append(proc.pid)
+
+    def _start(self) -> None:
+        head, gcs_port, dashboard_port = self.rehearsal.head, free_port(), free_port()
+        self.dashboard = f"http://{LOOPBACK}:{dashboard_port}"
+        self.echo(f"starting a Ray head ({_flags(head.ray_start)}) on {self.dashboard}")
+        self._ray_start("head", ["--head", f"--port={gcs_port}", f"--temp-dir={self.temp}",
+                                 f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dashboard_port}",
+                                 "--disable-usage-stats"], head.ray_start, head.env)
+        self._wait(lambda: dashboard_up(self.dashboard), f"the Ray head on {self.dashboard}")
+        nodes = 1
+        for group in self.rehearsal.workers:
+            self.echo(f"starting {group.replicas} raylet(s) for worker group {group.name} ({_flags(group.ray_start)})")
+            for i in range(group.replicas):  # one after another: raylets starting side by side time out on 2 cores
+                # A temporary directory of its own, as on its own machine: raylets sharing one unpack the job's
+                # working_dir into the same place at the same time, under each other's running job.
+                own = os.path.join(self.temp, f"w{nodes}")
+                self._ray_start(f"{group.name}-{i}", [f"--address={LOOPBACK}:{gcs_port}", f"--temp-dir={own}"],
+                                group.ray_start, group.env)
+                nodes += 1
+                self._wait(lambda: self._alive_nodes() >= nodes, f"Ray node {group.name}-{i}")
+
+    def _alive_nodes(self) -> int:
+        from ray.util.state import list_nodes
+
+        try:
+            return sum(n.state == "ALIVE" for n in list_nodes(address=self.dashboard, raise_on_missing_output=False))
+        except Exception:  # noqa: BLE001 - the state API answers errors while the head is still starting
+            return 0
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready():
+            if time.monotonic() > deadline:
+                logs = sorted(Path(self.temp).glob("*.log"), key=lambda p: p.stat().st_mtime)
+                tail = logs[-1].read_text(errors="replace").strip().splitlines()[-2:] if logs else []
+                raise TrainliftError(f"{what} did not come up within {START_TIMEOUT_S:.0f} s: {' | '.join(tail)}")
+            time.sleep(1.0)
+
+    def submit_and_wait(self, entrypoint: str, runtime_env: dict[str, Any], timeout_s: float) -> tuple[str, str, str]:
+        """Submit as KubeRay's submitter pod does; returns (final status, the job's log, Ray's message)."""
+        from ray.job_submission import JobSubmissionClient
+
+        client = JobSubmissionClient(self.dashboard)
+        job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
+                                   submission_id=f"rehearsal-{uuid.uuid4().hex[:8]}")
+        self.echo(f"submitted {job_id}: {entrypoint}")
+        deadline = time.monotonic() + timeout_s
+        status = str(client.get_job_status(job_id).value)
+        while status not in TERMINAL:
+            if time.monotonic() > deadline:
+                client.stop_job(job_id)
+                status = "TIMED OUT"
+                break
+            time.sleep(1.0)
+            status = str(client.get_job_status(job_id).value)
+        info = client.get_job_info(job_id)
+        return status, client.get_job_logs(job_id), info.message or ""
+
+
+def _flags(params: dict[str, str]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in params.items()) or "no flags"
