@@ -28,6 +28,7 @@ def test_the_role_check_reads_the_rendered_policy():
     assert role_problems(moved) == [
         "run.storage: the pods' S3 role does not allow s3:PutObject on s3://my-trainlift-checkpoints/code/runs",
         "runtime_env.working_dir: the pods' S3 role does not allow s3:GetObject on s3://other-bucket/job.zip"]
+    assert role_problems(replace(moved, s3_grants=())) == []  # an existing role_arn: its policy is not rendered
 
 
 def test_the_entrypoint_is_the_rayjobs_with_the_probe_first_and_the_overrides_last():

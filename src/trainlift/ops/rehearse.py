@@ -102,8 +102,11 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
 
 
 def role_problems(rehearsal: Rehearsal) -> list[str]:
-    """Each S3 URI the job reads (or writes) that no statement of the pods' role allows, as the role would see it."""
+    """Each S3 URI the job reads (or writes) that no statement of the pods' role allows, as the role would see it.
+    A render without the role's policy (an existing `storage.s3.role_arn`) leaves nothing to check against."""
     problems = []
+    if not rehearsal.s3_grants:
+        return problems
     for what, uri, written in rehearsal.s3_uses:
         bucket, _, key = uri[len("s3://"):].partition("/")
         key = f"{key.rstrip('/')}/trainlift-rehearsal" if written else key
@@ -183,8 +186,10 @@ def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tu
                        "failed" if problem else "ok", problem or "imported from the job's runtime_env"))
     checks.append(("the job ran to its end (data read, steps trained, checkpoints and export written)",
                    "ok" if status == "SUCCEEDED" else "failed", status if status == "SUCCEEDED" else _tail(logs)))
+    covered = ", ".join(uri for _, uri, _ in rehearsal.s3_uses) or "no s3:// URI"
     checks.append((f"the pods' S3 role covers {len(rehearsal.s3_uses)} URI(s) of the RayJob", "ok",
-                   ", ".join(uri for _, uri, _ in rehearsal.s3_uses) or "no s3:// URI"))
+                   covered if rehearsal.s3_grants else "not checked: the render holds no policy of the role "
+                   "(an existing role_arn)"))
     return checks
 
 
