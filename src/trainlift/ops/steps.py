@@ -144,7 +144,9 @@ def waiting_for_block(w, seen: Observed) -> str | None:
     if not w.capacity_block or block_active(w, seen.reservations):
         return None
     found = seen.reservations.get(w.capacity_reservation_id)
-    state = f"{found.state}" + (f", starts {found.start}" if found.start else "") if isinstance(found, Reservation) \
-        else "not known to be active"
+    if isinstance(found, Reservation):
+        state = found.state + (f", starts {found.start}" if found.start else "")
+    else:
+        state = "not known to be active"
     return (f"Capacity Block {w.capacity_reservation_id} is {state}: 0 nodes until it is active; "
             "run `cluster up` again once it is")
