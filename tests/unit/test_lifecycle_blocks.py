@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.cloud.capacity import Reservation
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops.kube import RayState

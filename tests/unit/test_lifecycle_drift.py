@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from trainlift import catalog
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops.kube import RayState
 from trainlift.ops.placement import Placement

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from trainlift.cloud.aws import NodeGroupInfo, StackInfo
+from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops import lifecycle
 from trainlift.ops.kube import RayState

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops.kube import Node, RayState, Release
 from trainlift.ops.placement import Placement, place, resolve_spec

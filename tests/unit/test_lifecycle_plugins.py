@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops import kube, lifecycle
 from trainlift.ops.eksctl import create_nodegroup

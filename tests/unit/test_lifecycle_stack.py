@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainlift.cloud.aws import StackInfo
+from trainlift.cloud.eks_state import StackInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.ops.placement import Placement
 from trainlift.ops.plan import Files, Observed, plan_down, plan_up

@@ -1,4 +1,5 @@
-"""Every AWS call trainlift makes: capacity facts (EC2, Service Quotas) and EKS state.
+"""Every AWS call trainlift makes: capacity facts (EC2, Service Quotas), EKS and CloudFormation state, S3 uploads
+and ECR digests. What the EKS calls return are the records of `cloud/eks_state.py`.
 
 boto3 is imported lazily, and every client takes the standard AWS configuration
 (profiles, AWS_REGION, AWS_ENDPOINT_URL, AWS_MAX_ATTEMPTS, ...). Credentials that are
@@ -8,13 +9,13 @@ in the region or not implemented by the endpoint is `Unknown(reason)`, not a cra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
 from trainlift.cloud.capacity import (
     ACTIVE, UPCOMING, CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for, reservation_from_ec2,
 )
+from trainlift.cloud.eks_state import CLUSTER_STACK, ClusterInfo, ClusterTags, NodeGroupInfo, StackInfo
 from trainlift.errors import TrainliftError, UsageError
 
 T = TypeVar("T")
@@ -28,25 +29,6 @@ _CREDENTIALS_HINT = "set AWS_PROFILE, run `aws configure` or `aws sso login`, or
 
 class CredentialsError(TrainliftError):
     """No usable AWS credentials."""
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    name: str
-    status: str
-    version: str | None
-    endpoint: str | None
-    ca_data: str | None
-
-
-@dataclass(frozen=True)
-class NodeGroupInfo:
-    name: str
-    status: str
-    desired: int | None
-    instance_types: tuple[str, ...]
-    zones: tuple[str, ...]
-    issues: tuple[str, ...] = ()
 
 
 def known_regions() -> set[str]:
@@ -331,10 +313,6 @@ class Aws:
             }
         return self._required("eks:ListNodegroups", call)
 
-    def put_file(self, path: Path, bucket: str, key: str) -> None:
-        self._required(f"s3:PutObject s3://{bucket}/{key}",
-                       lambda: self.client("s3").put_object(Bucket=bucket, Key=key, Body=path.read_bytes()))
-
     def _subnet_zones(self, subnets: list[str]) -> dict[str, str]:
         if not subnets:
             return {}
@@ -342,6 +320,12 @@ class Aws:
         if isinstance(found, Unknown):
             return {}
         return {s["SubnetId"]: s["AvailabilityZone"] for s in found["Subnets"]}
+
+    # --- S3 -----------------------------------------------------------------------------------
+
+    def put_file(self, path: Path, bucket: str, key: str) -> None:
+        self._required(f"s3:PutObject s3://{bucket}/{key}",
+                       lambda: self.client("s3").put_object(Bucket=bucket, Key=key, Body=path.read_bytes()))
 
     # --- CloudFormation stacks and cluster tags: who created a cluster, what a failed create left ---
 
@@ -381,22 +365,6 @@ class Aws:
 
     def tag_cluster(self, arn: str, tags: dict[str, str]) -> None:
         self._required("eks:TagResource", lambda: self.client("eks").tag_resource(resourceArn=arn, tags=tags))
-
-
-CLUSTER_STACK = "eksctl-{name}-cluster"  # the stack `eksctl create cluster` names after the cluster
-
-
-@dataclass(frozen=True)
-class StackInfo:
-    name: str
-    status: str
-    tags: dict[str, str]
-
-
-@dataclass(frozen=True)
-class ClusterTags:
-    arn: str
-    tags: dict[str, str]
 
 
 def _is_api_error(exc: Exception) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 
 
 @dataclass(frozen=True)

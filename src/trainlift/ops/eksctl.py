@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from trainlift.cloud.aws import ClusterInfo, NodeGroupInfo
+from trainlift.cloud.eks_state import ClusterInfo, NodeGroupInfo
 from trainlift.cloud.capacity import Unknown
 from trainlift.ops.run import INSTALL, run
 

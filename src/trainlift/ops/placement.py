@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainlift.cloud.aws import NodeGroupInfo
+from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.cloud.capacity import CapacityReport
 from trainlift.config.cluster import ClusterSpec
 

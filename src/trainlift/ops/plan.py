@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainlift.cloud.aws import NodeGroupInfo, StackInfo
+from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops import eksctl, kube, plan_kube
 from trainlift.ops.drift import GroupWant, nodegroup_drift

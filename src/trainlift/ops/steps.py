@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainlift.cloud.aws import NodeGroupInfo, StackInfo
+from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.cloud.capacity import Reservation
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops.kube import Node, RayState, Release

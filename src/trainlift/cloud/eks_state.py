@@ -1,0 +1,41 @@
+"""What EKS and CloudFormation say about a cluster, as plain records: read by `cloud/aws.py`, judged by the pure
+lifecycle planning in `ops/`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    status: str
+    version: str | None
+    endpoint: str | None
+    ca_data: str | None
+
+
+@dataclass(frozen=True)
+class NodeGroupInfo:
+    name: str
+    status: str
+    desired: int | None
+    instance_types: tuple[str, ...]
+    zones: tuple[str, ...]
+    issues: tuple[str, ...] = ()
+
+
+CLUSTER_STACK = "eksctl-{name}-cluster"  # the stack `eksctl create cluster` names after the cluster
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    name: str
+    status: str
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ClusterTags:
+    arn: str
+    tags: dict[str, str]
