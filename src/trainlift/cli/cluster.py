@@ -24,7 +24,7 @@ FORCE = typer.Option(False, "--force", help="Act on a cluster that does not carr
 _MARK = {"nothing": "dim", "blocked": "bold red", "wait": "yellow", "check": "cyan"}
 
 
-def _load(path: Path):
+def load_cluster_spec(path: Path):
     from trainlift.cli.render import _read
     from trainlift.config.cluster import cluster_spec_from_yaml
 
@@ -109,7 +109,7 @@ def up(
     from trainlift.ops.lifecycle import prepare
     from trainlift.ops.plan import plan_up
 
-    spec = _load(spec_path)
+    spec = load_cluster_spec(spec_path)
     prepared = prepare(spec, root, write=True, need_credentials=not dry_run)
     plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files, force=force)
     if json_out and (dry_run or plan.blocked):
@@ -144,7 +144,7 @@ def status(spec_path: Path = SPEC, root: Optional[str] = DIR, json_out: bool = J
     from trainlift.ops.lifecycle import prepare
     from trainlift.ops.plan import plan_up
 
-    spec = _load(spec_path)
+    spec = load_cluster_spec(spec_path)
     prepared = prepare(spec, root, write=False)
     plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files)
     if json_out:
@@ -178,7 +178,7 @@ def down(
     from trainlift.ops.lifecycle import prepare
     from trainlift.ops.plan import plan_down
 
-    spec = _load(spec_path)
+    spec = load_cluster_spec(spec_path)
     prepared = prepare(spec, root, write=False, for_up=False, need_credentials=not dry_run)
     plan = plan_down(prepared.spec, prepared.seen, prepared.files, keep_control_plane, force=force)
     if json_out and (dry_run or plan.blocked or not plan.todo):

@@ -151,14 +151,10 @@ def submit(
 
 def _check_role_covers(cluster_file: Path, spec) -> None:
     """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role."""
-    from trainlift.config.cluster import cluster_spec_from_yaml
+    from trainlift.cli.cluster import load_cluster_spec
     from trainlift.render.s3_access import check_s3_access, job_s3_uses
 
-    try:
-        text = cluster_file.read_text()
-    except OSError as exc:
-        raise UsageError(f"--cluster {cluster_file}: {exc.strerror or exc}") from None
-    check_s3_access(cluster_spec_from_yaml(text, source=str(cluster_file)), job_s3_uses(spec))
+    check_s3_access(load_cluster_spec(cluster_file), job_s3_uses(spec))
 
 
 @jobs_app.command("list")

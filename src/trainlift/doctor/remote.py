@@ -9,14 +9,12 @@ its JSON report is read back from the job's log.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
 from trainlift.errors import TrainliftError
 
 JOB_TIMEOUT_S = 900.0  # a first run installs the wheel on every node; the probe itself allows 180 s per node
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def doctor_entrypoint(expect_fabric: str) -> str:
@@ -32,15 +30,10 @@ def run_on_cluster(dashboard: str, expect_fabric: str, timeout_s: float = JOB_TI
     job_id = client.submit_job(entrypoint=doctor_entrypoint(expect_fabric), runtime_env={"py_modules": [str(wheel)]},
                                submission_id=f"trainlift-doctor-{uuid.uuid4().hex[:8]}",
                                metadata={"trainlift.kind": "doctor"})
-    deadline = time.monotonic() + timeout_s
-    status = str(client.get_job_status(job_id).value)
-    while status not in TERMINAL:
-        if time.monotonic() > deadline:
-            client.stop_job(job_id)
-            raise TrainliftError(f"the doctor job {job_id} did not finish within {timeout_s:.0f} s",
-                                 hint=f"see its log: trainlift jobs logs {job_id} --address {dashboard}")
-        time.sleep(1.0)
-        status = str(client.get_job_status(job_id).value)
+    status = jobs.wait(client, job_id, timeout_s)
+    if status is None:
+        raise TrainliftError(f"the doctor job {job_id} did not finish within {timeout_s:.0f} s",
+                             hint=f"see its log: trainlift jobs logs {job_id} --address {dashboard}")
     logs = client.get_job_logs(job_id)
     report = report_from_logs(logs)
     if report is None:

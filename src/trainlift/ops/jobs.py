@@ -174,6 +174,19 @@ def follow(job_client, job_id: str, on_line: Callable[[str], None]) -> str:
     return status
 
 
+def wait(job_client, job_id: str, timeout_s: float, poll_s: float = 1.0) -> str | None:
+    """Poll until the job ends; its final status, or None once `timeout_s` has passed (the job is then stopped)."""
+    deadline = time.monotonic() + timeout_s
+    status = str(job_client.get_job_status(job_id).value)
+    while status not in TERMINAL:
+        if time.monotonic() > deadline:
+            job_client.stop_job(job_id)
+            return None
+        time.sleep(poll_s)
+        status = str(job_client.get_job_status(job_id).value)
+    return status
+
+
 def parse_progress(line: str) -> dict[str, Any] | None:
     index = line.find(PROGRESS_PREFIX)
     if index < 0:

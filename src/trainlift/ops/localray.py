@@ -106,26 +106,34 @@ def status() -> dict[str, Any]:
     return {"running": True, "dashboard_reachable": dashboard_up(state["dashboard_url"]), **state}
 
 
+def ray_start_on_loopback(*flags: str) -> list[str]:
+    """`ray start --block` of this interpreter's Ray, on loopback, with `flags`."""
+    # Ray's fixed default ports for these collide with any other Ray instance on the machine.
+    ports = [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
+    return [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--node-ip-address={LOOPBACK}",
+            *ports, *flags]
+
+
+def path_with_this_python() -> str:
+    """PATH with this interpreter's directory first: a job's `python` then has trainlift's libraries."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> dict[str, Any]:
     """Start the head unless one is recorded and alive; returns its record."""
     existing = read_state()
     if existing is not None:
         return {**existing, "started": False}
-    ray_cli = Path(sys.executable).with_name("ray")
     gcs_port = free_port()
-    cmd = [str(ray_cli), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
-           f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}", "--disable-usage-stats",
-           # Ray's fixed default ports for these collide with any other Ray instance on the machine.
-           f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-           '--system-config={"worker_niceness": 0}']
+    cmd = ray_start_on_loopback("--head", f"--port={gcs_port}", f"--dashboard-host={LOOPBACK}",
+                                f"--dashboard-port={port}", "--disable-usage-stats",
+                                '--system-config={"worker_niceness": 0}')
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Jobs run `python ...`: let that be this interpreter, which has trainlift and its dependencies.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     # Token authentication, explicitly: its GCS port is not bound to loopback the way the dashboard is.
-    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path, "RAY_AUTH_MODE": "token"})
+    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path_with_this_python(), "RAY_AUTH_MODE": "token"})
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):

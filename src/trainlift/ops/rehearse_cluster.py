@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -13,10 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainlift.errors import TrainliftError
-from trainlift.ops import run
-from trainlift.ops.localray import LOOPBACK, dashboard_up, free_port, kill_group
+from trainlift.ops import jobs, run
+from trainlift.ops.localray import LOOPBACK, dashboard_up, free_port, kill_group, path_with_this_python, ray_start_on_loopback
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 START_TIMEOUT_S = 120.0
 # Each raylet would size its object store at 30% of this machine's memory; several on one machine overcommit it
 # (a process then fails to map a large library). The rehearsal moves no large objects.
@@ -50,14 +48,11 @@ class LocalCluster:
         """This environment (its S3 endpoint and credentials, this interpreter first on PATH, so the job's `python`
         has the libraries the image would), without another cluster's address or auth, plus the pod's env."""
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        return {**keep, "PATH": path, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", **pod_env}
+        return {**keep, "PATH": path_with_this_python(), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", **pod_env}
 
     def _ray_start(self, name: str, flags: list[str], params: dict[str, str], env: dict[str, str]) -> None:
-        ports = [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"]
         params = {"object-store-memory": str(OBJECT_STORE_BYTES), **params}
-        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--node-ip-address={LOOPBACK}",
-               *ports, *flags, *(f"--{k}={v}" for k, v in params.items())]
+        cmd = ray_start_on_loopback(*flags, *(f"--{k}={v}" for k, v in params.items()))
         proc = run.spawn_detached(cmd, os.path.join(self.temp, f"{name}.log"), env=self._env(env))
         self.groups.append(proc.pid)
 
@@ -106,15 +101,7 @@ class LocalCluster:
         job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
                                    submission_id=f"rehearsal-{uuid.uuid4().hex[:8]}")
         self.echo(f"submitted {job_id}: {entrypoint}")
-        deadline = time.monotonic() + timeout_s
-        status = str(client.get_job_status(job_id).value)
-        while status not in TERMINAL:
-            if time.monotonic() > deadline:
-                client.stop_job(job_id)
-                status = "TIMED OUT"
-                break
-            time.sleep(1.0)
-            status = str(client.get_job_status(job_id).value)
+        status = jobs.wait(client, job_id, timeout_s) or "TIMED OUT"
         info = client.get_job_info(job_id)
         return status, client.get_job_logs(job_id), info.message or ""
 

@@ -41,7 +41,6 @@ def prepare_model(spec: JobSpec) -> None:
 
 def prepare_data(spec: JobSpec) -> dict[str, dict]:
     """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there)."""
-
     @functools.cache
     def tokenizer():
         from trainlift.train.model.build import load_tokenizer

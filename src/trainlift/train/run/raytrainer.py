@@ -29,6 +29,7 @@ This module imports neither torch nor `ray.train.torch` at import time: the cont
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import logging
 import os
@@ -70,18 +71,19 @@ def private_names_missing(names: dict[str, tuple[str, ...]]) -> list[str]:
     return missing
 
 
-def names_defined_in(module: str) -> set[str]:
+@functools.cache
+def names_defined_in(module: str) -> frozenset[str]:
     """Top-level functions, classes, assignments and imports of `module`, and `Class.method` names, from its source.
     The file is found from its top package's directory: importing (or `find_spec` of) a submodule would import its
     parent packages, and `ray.train.torch` imports torch."""
     top, *rest = module.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:
-        return set()
+        return frozenset()
     base = os.path.join(spec.submodule_search_locations[0], *rest)
     source = next((path for path in (f"{base}.py", os.path.join(base, "__init__.py")) if os.path.isfile(path)), None)
     if source is None:
-        return set()
+        return frozenset()
     with open(source, encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
     names: set[str] = set()
@@ -96,7 +98,7 @@ def names_defined_in(module: str) -> set[str]:
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.ImportFrom):
             names |= {alias.asname or alias.name for alias in node.names}
-    return names
+    return frozenset(names)
 
 
 def _fallback(names: dict[str, tuple[str, ...]], instead: str) -> bool:
