@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from trainlift.errors import UsageError
+from trainlift.render.s3_access import split_s3
 
 # Run by the job before its entrypoint: where `import trainlift` resolves on the head. Ray unpacks a job's
 # py_modules under its session's runtime_resources; from anywhere else (this machine's own install) the
@@ -108,11 +109,12 @@ def role_problems(rehearsal: Rehearsal) -> list[str]:
     if not rehearsal.s3_grants:
         return problems
     for what, uri, written in rehearsal.s3_uses:
-        bucket, _, key = uri[len("s3://"):].partition("/")
-        key = f"{key.rstrip('/')}/trainlift-rehearsal" if written else key
-        arn = f"arn:aws:s3:::{bucket}/{key}"
+        bucket, key = split_s3(uri)
+        obj = f"{bucket}/{key}/trainlift-rehearsal" if written else f"{bucket}/{key}"
         for action in ("s3:GetObject", "s3:PutObject") if written else ("s3:GetObject",):
-            if not any(a in (action, "s3:*", "*") and fnmatch.fnmatchcase(arn, r) for a, r in rehearsal.s3_grants):
+            # Resources compared after `arn:<partition>:s3:::`, so China and GovCloud renders check the same way.
+            if not any(a in (action, "s3:*", "*") and fnmatch.fnmatchcase(obj, r.partition(":::")[2])
+                       for a, r in rehearsal.s3_grants):
                 problems.append(f"{what}: the pods' S3 role does not allow {action} on {uri}")
     return problems
 
