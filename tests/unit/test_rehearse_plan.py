@@ -45,3 +45,9 @@ def test_trainlift_from_anywhere_but_py_modules_is_named():
     assert "not from py_modules" in trainlift_origin_problem(installed)
     assert trainlift_origin_problem(shipped) is None
     assert trainlift_origin_problem("python -c \"...print('trainlift-imported-from ' + ...)\"") is not None
+
+
+def test_a_render_in_another_partition_is_checked_the_same_way():
+    plan = rehearsal_of(GOLDEN)
+    china = replace(plan, s3_grants=tuple((a, r.replace("arn:aws:", "arn:aws-cn:")) for a, r in plan.s3_grants))
+    assert role_problems(china) == []
