@@ -71,3 +71,40 @@ def tiny_spec_at(tiny_assets):
 def tiny_spec(tiny_spec_at, tmp_path):
     """A job spec for the tiny model, its run under tmp_path: returns a function taking dotted overrides."""
     return lambda *overrides: tiny_spec_at(tmp_path / "runs", *overrides)
+
+
+MLFLOW_TOKEN = "test-token-4f2a"  # what the MLflow fixture server accepts; a test value, not a credential
+
+
+@pytest.fixture(scope="session")
+def mlflow_auth_server():
+    """An HTTP server answering MLflow's REST API as a server behind authentication does: 401 with the body and
+    WWW-Authenticate header of MLflow's basic-auth app (recorded from mlflow 2.x) without the right credentials,
+    an empty search result with them. Yields {"url", "token"}: it accepts `Bearer <token>`."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.headers.get("Authorization") == f"Bearer {MLFLOW_TOKEN}":
+                self._answer(200, b'{"experiments": []}', {"Content-Type": "application/json"})
+            else:
+                self._answer(401, b"You are not authenticated. Please see https://www.mlflow.org/docs/latest/"
+                             b"auth/index.html#authenticating-to-mlflow on how to authenticate.",
+                             {"WWW-Authenticate": 'Basic realm="mlflow"'})
+
+        def _answer(self, status, body, headers):
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"url": f"http://127.0.0.1:{server.server_address[1]}", "token": MLFLOW_TOKEN}
+    server.shutdown()

@@ -31,6 +31,31 @@ def test_doctor_expecting_efa_on_a_machine_without_it_exits_1():
     assert any(f["rule"] == "efa_device" and f["severity"] == "error" for f in json.loads(proc.stdout)["findings"])
 
 
+def test_doctor_says_when_the_mlflow_server_needs_credentials_this_machine_lacks(mlflow_auth_server):
+    """Against a server that answers as MLflow behind authentication does (tests/conftest.py)."""
+    url, token = mlflow_auth_server["url"], mlflow_auth_server["token"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    without = subprocess.run([TRAINLIFT, "doctor", "--json", "--mlflow-uri", url],
+                             capture_output=True, text=True, timeout=120, env=env)
+    finding = next(f for f in json.loads(without.stdout)["findings"] if f["rule"] == "mlflow_access")
+    assert without.returncode == 1 and finding["severity"] == "error"
+    assert "needs credentials (HTTP 401)" in finding["message"] and "run.mlflow_secret" in finding["fix"]
+
+    with_token = subprocess.run([TRAINLIFT, "doctor", "--json"], capture_output=True, text=True, timeout=120,
+                                env={**env, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_TOKEN": token})
+    report = json.loads(with_token.stdout)
+    finding = next(f for f in report["findings"] if f["rule"] == "mlflow_access")
+    assert finding["severity"] == "ok" and "MLFLOW_TRACKING_TOKEN" in finding["message"]
+    assert token not in with_token.stdout + with_token.stderr
+    assert report["facts"]["mlflow"]["status"] == 200
+
+
+def test_doctor_refuses_an_mlflow_uri_with_credentials_in_it():
+    proc = trainlift("doctor", "--mlflow-uri", "https://bob:pw@mlflow.example")
+    assert proc.returncode == 2 and "--mlflow-uri: the URI holds credentials" in proc.stderr
+    assert "pw@" not in proc.stderr + proc.stdout
+
+
 def test_nccl_log_json_shape_and_expect():
     files = [str(LOGS / "efa_gdrdma_p4d.log"), str(LOGS / "socket_after_plugin_failure.log")]
     proc = trainlift("doctor", "nccl-log", *files, "--json")

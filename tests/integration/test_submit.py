@@ -190,14 +190,18 @@ def test_train_uses_the_local_head_when_one_is_running(home, head, project):
     assert "existing Ray cluster" in result.stderr and "Started a local Ray instance" not in result.stderr
 
 
-def test_doctor_through_the_dashboard_runs_the_probe_as_a_job_on_the_cluster(home, head):
+def test_doctor_through_the_dashboard_runs_the_probe_as_a_job_on_the_cluster(home, head, mlflow_auth_server):
     """`doctor --address http://HEAD:8265` never connects this process to the cluster (Ray Client refuses a laptop
     whose Ray or Python differs from the image's): it submits the every-node probe as a Ray job with trainlift as
-    a wheel and reads the report back from the job's log."""
-    result = cli(home, "doctor", "--address", head["dashboard_url"], "--json", timeout=600)
+    a wheel and reads the report back from the job's log. The node checks the MLflow server (one answering as
+    MLflow behind authentication, tests/conftest.py) with its own environment, which holds no credentials."""
+    result = cli(home, "doctor", "--address", head["dashboard_url"], "--json", "--mlflow-uri",
+                 mlflow_auth_server["url"], timeout=600)
     report = json.loads(result.stdout)
-    assert result.returncode == (0 if report["ok"] else 1), result.stderr
+    assert result.returncode == 1, result.stderr
     assert report["job_id"].startswith("trainlift-doctor-") and report["address"] == head["dashboard_url"]
     assert len(report["nodes"]) == 1 and report["nodes"][0]["is_head"] and report["nodes"][0]["facts"]["python"]
+    assert report["nodes"][0]["facts"]["mlflow"]["status"] == 401
+    assert any(f["rule"] == "mlflow_access" and f["severity"] == "error" and f["node"] for f in report["findings"])
     jobs = json.loads(cli(home, "jobs", "list", "--address", head["dashboard_url"], "--json").stdout)
-    assert any(j["id"] == report["job_id"] and j["status"] == "SUCCEEDED" for j in jobs)
+    assert any(j["id"] == report["job_id"] and j["status"] == "FAILED" for j in jobs)  # its exit 1: an error found

@@ -22,6 +22,9 @@ GiB = 1024**3
 PLUGIN = "/opt/amazon/ofi-nccl/lib64/libnccl-net-ofi.so"
 
 
+MLFLOW_OK = {"uri": "https://mlflow.example", "credentials": ["MLFLOW_TRACKING_TOKEN"], "status": 200, "error": None}
+
+
 def dlc_node(**changes) -> Facts:
     """A GPU node running the Ray Train DLC v1.1 stack, set up as the EFA docs ask."""
     facts = Facts(
@@ -33,6 +36,7 @@ def dlc_node(**changes) -> Facts:
         uverbs=["/dev/infiniband/uverbs0"], memlock_bytes=None, shm_bytes=64 * GiB,
         env={"FI_PROVIDER": "efa", "NCCL_NET": "Libfabric", "NCCL_SOCKET_IFNAME": "eth0",
              "LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib64:/opt/amazon/efa/lib"},
+        mlflow=MLFLOW_OK,
     )
     return replace(facts, **changes)
 
@@ -84,6 +88,10 @@ CASES = [
     ("legacy_env", {"env": {"NCCL_NET": "Libfabric", "RDMAV_FORK_SAFE": "1"}}, "efa", "warning", "RDMAV_FORK_SAFE"),
     ("legacy_env", {"env": {"NCCL_NET": "Libfabric", "FI_EFA_USE_DEVICE_RDMA": "1"}}, "efa", "warning", "old plugin"),
     ("known_stack", {"torch_nccl": "2.27.3"}, "efa", "warning", "not a known-good combination"),
+    ("mlflow_access", {"mlflow": {**MLFLOW_OK, "credentials": [], "status": 401}}, "any", "error", "needs credentials"),
+    ("mlflow_access", {"mlflow": {**MLFLOW_OK, "status": 403}}, "any", "error", "refuses the credentials"),
+    ("mlflow_access", {"mlflow": {**MLFLOW_OK, "status": None, "error": "timed out"}}, "any", "warning", "timed out"),
+    ("mlflow_access", {"mlflow": {**MLFLOW_OK, "status": 404}}, "any", "warning", "HTTP 404"),
 ]
 
 

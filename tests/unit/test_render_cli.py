@@ -15,6 +15,7 @@ from trainlift.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "examples" / "cluster-reference.yaml"
+REFERENCE_WORKER_GROUPS = __import__("yaml").safe_load(REFERENCE.read_text())["workers"]
 TRAINLIFT = Path(sys.executable).parent / "trainlift"
 runner = CliRunner()
 
@@ -127,6 +128,31 @@ def test_render_with_a_job_adds_a_rayjob(tmp_path, monkeypatch):
     job = (tmp_path / "out" / "k8s" / "30-rayjob.yaml").read_text()
     assert "entrypoint: python -m trainlift train job.yaml --set run.storage=s3://my-trainlift-checkpoints/ray-train" in job
     assert "name: sft-demo" in job
+
+
+def test_render_refuses_a_job_whose_mlflow_secret_the_pods_do_not_read_and_passes_once_listed(tmp_path, monkeypatch):
+    """run.mlflow_secret names the Secret; the pods' environment comes only from the cluster spec's secrets."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(
+        "model: {path: Qwen/Qwen2.5-1.5B}\ndata: {train: data/train.jsonl}\nscaling: {workers: 8}\n"
+        "run: {name: sft-demo, trackers: [mlflow], mlflow_uri: 'https://mlflow.example', mlflow_secret: mlflow-auth}\n")
+    args = ["render", "cluster.yaml", "--job", "job.yaml", "--check", "--working-dir",
+            "s3://my-trainlift-checkpoints/code/job.zip", "--trainlift-uri", "s3://my-trainlift-checkpoints/code/t.whl"]
+    (tmp_path / "cluster.yaml").write_text(REFERENCE.read_text())
+    refused = subprocess.run([str(TRAINLIFT), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert line.startswith("error: run.mlflow_secret: the cluster's pods do not read MLflow credentials from Secret "
+                           "mlflow-auth") and "\n" not in line
+    assert "{env: MLFLOW_TRACKING_TOKEN, secret: mlflow-auth, key: MLFLOW_TRACKING_TOKEN}" in line
+    (tmp_path / "cluster.yaml").write_text(REFERENCE.read_text() + "  - {env: MLFLOW_TRACKING_TOKEN, "
+                                           "secret: mlflow-auth, key: token}\n")  # the file ends in secrets:
+    listed = runner.invoke(app, args)
+    assert listed.exit_code == 0, listed.output
+    rendered = runner.invoke(app, args[:4] + ["-o", "out"] + args[5:])
+    assert rendered.exit_code == 0, rendered.output
+    raycluster = (tmp_path / "out" / "k8s" / "20-raycluster.yaml").read_text()
+    assert raycluster.count("name: mlflow-auth") == 1 + len(REFERENCE_WORKER_GROUPS)  # the head and each group
 
 
 ECR_IMAGE = "123456789012.dkr.ecr.us-east-2.amazonaws.com/team/ray"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -33,7 +34,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 _FACT_ROWS = (
     "hostname", "instance_type", "python", "torch", "torch_cuda", "torch_cudnn", "torch_nccl", "ray", "transformers",
     "gpu_count", "gpu_model", "driver", "driver_cuda", "ofi_plugin", "ofi_plugin_version", "ofi_plugin_missing_deps",
-    "libfabric", "efa_installer", "fi_info_efa", "uverbs", "memlock_bytes", "shm_bytes",
+    "libfabric", "efa_installer", "fi_info_efa", "uverbs", "memlock_bytes", "shm_bytes", "mlflow",
 )
 
 
@@ -44,13 +45,19 @@ def doctor(
         None, "--address", help="Probe every node of a Ray cluster: its dashboard http://HEAD:8265 (the probe runs "
         "there as a Ray job, whatever this machine's Ray and Python versions), or HOST:6379 / auto from a node."),
     expect_fabric: Fabric = typer.Option(Fabric.any, "--expect-fabric", help="The fabric the job needs."),
+    mlflow_uri: Optional[str] = typer.Option(
+        None, "--mlflow-uri", envvar="MLFLOW_TRACKING_URI", show_envvar=False,
+        help="Also check that this MLflow server (default: MLFLOW_TRACKING_URI) answers with the credentials the "
+        "environment holds (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD), on every node with --address."),
     as_json: bool = typer.Option(False, "--json", help="Print every fact and finding as JSON."),
 ) -> None:
     """Check this machine's stack, or every node's with --address (then run `doctor nccl-log` / `doctor fabric`)."""
     if ctx.invoked_subcommand is not None:
         return
+    env_vars = _mlflow_env(mlflow_uri)
+    os.environ.update(env_vars)
     if address:
-        _doctor_cluster(address, expect_fabric.value, as_json)
+        _doctor_cluster(address, expect_fabric.value, as_json, env_vars)
         return
     from trainlift.doctor.probe import probe
     from trainlift.doctor.rules import stack_rules
@@ -71,13 +78,26 @@ def doctor(
     _exit(findings)
 
 
-def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
+def _mlflow_env(uri: str | None) -> dict[str, str]:
+    """What the probe needs in every node's environment to check MLflow: the URI, never a credential."""
+    from trainlift.redact import uri_credentials
+
+    if not uri:
+        return {}
+    if uri_credentials(uri) != uri:
+        raise UsageError("--mlflow-uri: the URI holds credentials, which would be shown wherever it is passed",
+                         hint="drop user:password@ and set MLFLOW_TRACKING_USERNAME/_PASSWORD (a Kubernetes Secret "
+                              "on a cluster)")
+    return {"MLFLOW_TRACKING_URI": uri}
+
+
+def _doctor_cluster(address: str, expect: str, as_json: bool, env_vars: dict[str, str]) -> None:
     if address.startswith(("http://", "https://")):
         from trainlift.doctor.remote import run_on_cluster
 
-        report = run_on_cluster(address.rstrip("/"), expect)
+        report = run_on_cluster(address.rstrip("/"), expect, env_vars)
     else:
-        report = _probe_cluster(address, expect)
+        report = _probe_cluster(address, expect, env_vars)
     findings = [Finding(**f) for f in report["findings"]]
     if as_json:
         print_json(report)
@@ -87,14 +107,15 @@ def _doctor_cluster(address: str, expect: str, as_json: bool) -> None:
     _exit(findings)
 
 
-def _probe_cluster(address: str, expect: str) -> dict[str, Any]:
+def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[str, Any]:
     """Connected to the cluster as a driver (from one of its nodes, or a machine with its Ray and Python)."""
     import ray
 
     from trainlift.doctor.nodes import connect, probe_nodes
     from trainlift.doctor.rules import differences, judge_nodes
 
-    connect(address, ship_code=address != "auto")  # `auto`: on a node, inside a job that brought trainlift
+    # `auto`: on a node, inside a job that brought trainlift and its environment
+    connect(address, ship_code=address != "auto", env_vars=env_vars if address != "auto" else None)
     try:
         nodes = probe_nodes()
     finally:

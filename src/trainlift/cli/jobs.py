@@ -106,7 +106,7 @@ def submit(
     exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
     cluster: Optional[Path] = typer.Option(
         None, "--cluster", help="The cluster spec the job runs on: its S3 role must reach run.storage and the data "
-        "(checked before anything is uploaded)."),
+        "and its pods must get the job's MLflow credentials (checked before anything is uploaded)."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
 ) -> None:
     """Submit a job spec to a Ray cluster through the Job Submission API.
@@ -123,7 +123,7 @@ def submit(
     overrides = list(set_)
     spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
     if cluster is not None:
-        _check_role_covers(cluster, spec)
+        _check_cluster_serves(cluster, spec)
     address = jobs.resolve_address(address)
     if not spec.is_remote_storage and not localray.is_loopback(address):
         err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
@@ -149,12 +149,16 @@ def submit(
     _finish(job_client, job_id, status, json_out, {**details, "time_to_first_step_s": to_first_step})
 
 
-def _check_role_covers(cluster_file: Path, spec) -> None:
-    """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role."""
+def _check_cluster_serves(cluster_file: Path, spec) -> None:
+    """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role,
+    or lack the MLflow credentials the job names."""
     from trainlift.cli.cluster import load_cluster_spec
-    from trainlift.render.s3_access import check_s3_access, job_s3_uses
+    from trainlift.render.job_secrets import mlflow_secret_problems
+    from trainlift.render.problems import raise_problems
+    from trainlift.render.s3_access import job_s3_uses, s3_access_problems
 
-    check_s3_access(load_cluster_spec(cluster_file), job_s3_uses(spec))
+    cluster_spec = load_cluster_spec(cluster_file)
+    raise_problems(s3_access_problems(cluster_spec, job_s3_uses(spec)) + mlflow_secret_problems(cluster_spec, spec))
 
 
 @jobs_app.command("list")

@@ -96,12 +96,19 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     return cluster, f"image not pinned by digest: {found.reason}; the pods run {target}"
 
 
-def _job_s3_uses(job_path: Path | None) -> list:
-    """The S3 URIs the job spec reads and writes, for render to check against the pods' S3 role."""
+def _job_s3_uses(job_path: Path | None, cluster: ClusterSpec) -> list:
+    """The S3 URIs the job spec reads and writes, for render to check against the pods' S3 role; first, one
+    line when the pods would lack the job's MLflow credentials."""
     from trainlift.config.job import load_job_spec
+    from trainlift.render.job_secrets import mlflow_secret_problems
+    from trainlift.render.problems import raise_problems
     from trainlift.render.s3_access import job_s3_uses
 
-    return job_s3_uses(load_job_spec(job_path)) if job_path is not None else []
+    if job_path is None:
+        return []
+    job = load_job_spec(job_path)
+    raise_problems(mlflow_secret_problems(cluster, job))
+    return job_s3_uses(job)
 
 
 @app.command("render")
@@ -134,7 +141,7 @@ def render(
     cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
     inputs = _job_inputs(job, cluster, job_shutdown, working_dir, trainlift_uri) if job is not None else None
     cluster, warning = _pin_image(cluster)
-    manifests = render_cluster(cluster, inputs, s3_uses=_job_s3_uses(job))
+    manifests = render_cluster(cluster, inputs, s3_uses=_job_s3_uses(job, cluster))
     if warning:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     summary: dict[str, Any] = {

@@ -150,6 +150,10 @@ class RunSection(_Section):
         [], description="Also log the per-step metrics to TensorBoard (<run>/tensorboard/) and/or MLflow.")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default: MLFLOW_TRACKING_URI.")
     experiment: str | None = Field(None, description="MLflow experiment; default: run.name up to its first '-'.")
+    mlflow_secret: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="On a cluster: the Kubernetes Secret the pods read MLFLOW_TRACKING_TOKEN (or _USERNAME and "
+        "_PASSWORD) from, through the cluster spec's `secrets`; render and submit --cluster check they do.")
 
     @field_validator("trackers")
     @classmethod
@@ -164,6 +168,12 @@ class RunSection(_Section):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
             raise ValueError("use letters, digits, '.', '_' and '-' (at most 100)")
         return value
+
+    @model_validator(mode="after")
+    def _secret_for_mlflow(self) -> "RunSection":
+        if self.mlflow_secret and "mlflow" not in self.trackers:
+            raise ValueError("mlflow_secret is set but run.trackers does not name mlflow")
+        return self
 
 
 class JobSpec(_Section):

@@ -54,18 +54,21 @@ def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
-def connect(address: str, ship_code: bool = True) -> None:
-    """Connect this process to the cluster at `address` as a driver, shipping trainlift to its workers."""
+def connect(address: str, ship_code: bool = True, env_vars: dict[str, str] | None = None) -> None:
+    """Connect this process to the cluster at `address` as a driver, shipping trainlift (and `env_vars`) to its
+    workers."""
     import ray
 
     check_address(address)
-    runtime_env = None
+    runtime_env: dict[str, Any] = {}
     if ship_code:
         import trainlift
 
         runtime_env = {"py_modules": [os.path.dirname(trainlift.__file__)], "excludes": ["__pycache__"]}
+    if env_vars:
+        runtime_env["env_vars"] = dict(env_vars)
     try:
-        ray.init(address=address, runtime_env=runtime_env, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, runtime_env=runtime_env or None, logging_level="ERROR", log_to_driver=False)
     except Exception as exc:  # Ray raises several types here (connection, auth, version mismatch)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TrainliftError(f"could not connect to the Ray cluster at {address}: {first}") from None

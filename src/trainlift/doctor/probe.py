@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from typing import Any
 
+from trainlift.doctor.mlflow_probe import mlflow_access
 from trainlift.ops.run import run
 
 # Where the aws-ofi-nccl plugin is installed: EFA installer >= 1.44, older
@@ -67,6 +68,7 @@ class Facts:
     memlock_bytes: int | None = None  # None means unlimited
     shm_bytes: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    mlflow: dict[str, Any] | None = None  # doctor.mlflow_probe.mlflow_access
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,6 +96,7 @@ def probe() -> Facts:
     facts.env = {
         k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k == "LD_LIBRARY_PATH"
     }
+    facts.mlflow = mlflow_access(os.environ)
     return facts
 
 

@@ -21,13 +21,15 @@ def doctor_entrypoint(expect_fabric: str) -> str:
     return f"python -m trainlift doctor --address auto --expect-fabric {expect_fabric} --json"
 
 
-def run_on_cluster(dashboard: str, expect_fabric: str, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
-    """Submit the probe as a job at the dashboard `dashboard`, wait for it, and return the report it printed."""
+def run_on_cluster(dashboard: str, expect_fabric: str, env_vars: dict[str, str] | None = None,
+                   timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+    """Submit the probe as a job at the dashboard `dashboard` (with `env_vars` in every node's probe), wait for it,
+    and return the report it printed."""
     from trainlift.ops import jobs, package
 
     client = jobs.client(dashboard)
     wheel = package.build_wheel(package.default_dir())
-    job_id = client.submit_job(entrypoint=doctor_entrypoint(expect_fabric), runtime_env={"py_modules": [str(wheel)]},
+    job_id = client.submit_job(entrypoint=doctor_entrypoint(expect_fabric), runtime_env={"py_modules": [str(wheel)], "env_vars": dict(env_vars or {})},
                                submission_id=f"trainlift-doctor-{uuid.uuid4().hex[:8]}",
                                metadata={"trainlift.kind": "doctor"})
     status = jobs.wait(client, job_id, timeout_s)

@@ -232,6 +232,28 @@ def legacy_env(f: Facts, expect: str, kg: dict) -> Finding | None:
     return Finding("legacy_env", "ok", "no legacy NCCL/libfabric settings")
 
 
+def mlflow_access(f: Facts, expect: str, kg: dict) -> Finding | None:
+    m = f.mlflow
+    if m is None:
+        return None
+    fix = ("name a Kubernetes Secret holding MLFLOW_TRACKING_TOKEN (or _USERNAME and _PASSWORD) in run.mlflow_secret "
+           "and list it in the cluster spec's secrets; locally, export them")
+    if m["error"]:
+        return Finding("mlflow_access", "warning", f"MLflow at {m['uri']} does not answer: {m['error']}",
+                       "check the URI and that this machine can reach it")
+    if m["status"] in (401, 403) and not m["credentials"]:
+        return Finding("mlflow_access", "error", f"MLflow at {m['uri']} needs credentials (HTTP {m['status']}) and "
+                       "this machine has none", fix)
+    if m["status"] in (401, 403):
+        return Finding("mlflow_access", "error", f"MLflow at {m['uri']} refuses the credentials in "
+                       f"{', '.join(m['credentials'])} (HTTP {m['status']})", "check the Secret's values")
+    if m["status"] != 200:
+        return Finding("mlflow_access", "warning", f"MLflow at {m['uri']} answers HTTP {m['status']}",
+                       "is it an MLflow tracking server?")
+    return Finding("mlflow_access", "ok", f"MLflow at {m['uri']} answers"
+                   + (f" with {', '.join(m['credentials'])}" if m["credentials"] else ""))
+
+
 def known_stack(f: Facts, expect: str, kg: dict) -> Finding | None:
     if not (f.ofi_plugin or f.efa_installer):
         return None
@@ -260,7 +282,7 @@ def _prefix_match(have: str | None, want: str) -> bool:
 
 STACK_RULES: tuple[Callable[[Facts, str, dict], Finding | None], ...] = (
     efa_device, fi_info_efa, ofi_plugin, ofi_plugin_deps, nccl_net, fi_provider,
-    shm, memlock, cuda_driver, nccl_version, libfabric_version, legacy_env, known_stack,
+    shm, memlock, cuda_driver, nccl_version, libfabric_version, legacy_env, known_stack, mlflow_access,
 )
 
 

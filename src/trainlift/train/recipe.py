@@ -302,12 +302,15 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
             eval_loss = boundary_metrics["eval_loss"] = evaluator(step)
             log.sink.flush()
             if not (every_ckpt and step % every_ckpt == 0):
+                import ray.train  # only at a boundary: a run without evaluations or checkpoints needs no Ray
+
                 ray.train.report(boundary_metrics)
         periodic = every_ckpt and (step % every_ckpt == 0 or step == spec.train.steps)
         if periodic or (stopping and step < spec.train.steps):
             log.sink.flush()
             save(model, optimizer, scheduler, step, cursor, w.rank, w.world, w.fs, w.run_path, spec.checkpoint.keep,
                  boundary_metrics)
+            log.sink.checkpointed(step)
         if stopping:
             break
     return step, loss, eval_loss

@@ -53,6 +53,9 @@ class JsonlSink:
     def flush(self) -> None:
         self.mirror.upload()
 
+    def checkpointed(self, step: int) -> None:
+        pass
+
     def close(self, summary: dict | None = None) -> None:
         self.flush()
         self._fh.close()
@@ -65,6 +68,9 @@ class NullSink:
         pass
 
     def flush(self) -> None:
+        pass
+
+    def checkpointed(self, step: int) -> None:
         pass
 
     def close(self, summary: dict | None = None) -> None:

@@ -4,6 +4,10 @@ Neither runs in the step's critical path: `TrackedSink.write` only queues the ro
 hands rows to the trackers, which buffer them and write them out when the recipe flushes (checkpoint and
 evaluation boundaries), every FLUSH_INTERVAL_S, and at the end. A tracker that fails mid-run is dropped
 with one warning: metrics.jsonl still has every row.
+
+After a restart the loop replays the steps since the last checkpoint, and both trackers show the replayed
+(final) values: TensorBoard hides what an earlier attempt logged past the checkpoint (`purge_step`); MLflow,
+which cannot take a point back, is sent a step only once a checkpoint covers it or the attempt has ended.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import yaml
 
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError, UsageError
+from trainlift.redact import uri_credentials
 from trainlift.train.run import metrics
 
 FLUSH_INTERVAL_S = 30.0
@@ -47,9 +52,7 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def redact(text: str) -> str:
-    """URIs with user:password@ lose the credentials."""
-    return re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
+redact = uri_credentials
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -143,14 +146,18 @@ class TensorBoardTracker:
         self.writer.flush()
         self.mirror.upload()
 
+    def checkpointed(self, step: int) -> None:
+        pass  # purge_step hides a failed attempt's steps past its last checkpoint
+
     def close(self, summary: dict[str, Any] | None = None) -> None:
         self.writer.close()
         self.flush()
 
 
 class MlflowTracker:
-    """One MLflow run per trainlift run: its id is kept in <run>/mlflow.json so a resumed run continues it,
-    logging only steps past those it already holds."""
+    """One MLflow run per trainlift run: its id is kept in <run>/mlflow.json so a resumed run continues it.
+    Rows wait in `pending` until a checkpoint covers their step (`checkpointed`) or the attempt ends: a step
+    the loop may still replay is never sent. Steps the server already holds are not sent again."""
 
     def __init__(self, spec: JobSpec, fs: pafs.FileSystem, run_path: str, resumed_at: int):
         from mlflow.tracking import MlflowClient
@@ -159,6 +166,7 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         self.export_uri = f"{spec.run_uri}/final"
         self.pending: list = []
+        self.durable_through: float = resumed_at
         state_path = f"{run_path}/{MLFLOW_STATE}"
         self.run_id = self._existing_run(fs, state_path)
         self.logged_through: dict[str, int] = {}
@@ -207,14 +215,21 @@ class MlflowTracker:
                 self.pending.append(Metric(tag, value, timestamp, row["step"]))
 
     def flush(self) -> None:
-        batch, self.pending = self.pending, []
+        batch = [m for m in self.pending if m.step <= self.durable_through]
+        self.pending = [m for m in self.pending if m.step > self.durable_through]
         for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 
-    def close(self, summary: dict[str, Any] | None = None) -> None:
+    def checkpointed(self, step: int) -> None:
+        self.durable_through = max(self.durable_through, step)
         self.flush()
-        if summary is None:
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        if summary is None:  # the attempt failed: what it logged past its last checkpoint will be replayed
+            self.flush()
             return
+        self.durable_through = math.inf  # it finished or stopped at a checkpoint
+        self.flush()
         self.client.log_dict(self.run_id, summary, "summary.json")
         for key in ("final_loss", "eval_loss", "tokens_per_s", "mfu", "steps", "world_size"):
             if summary.get(key) is not None:
@@ -245,6 +260,9 @@ class TrackedSink:
         self.jsonl.flush()
         self.queue.put(("flush", None))
 
+    def checkpointed(self, step: int) -> None:
+        self.queue.put(("checkpointed", step))
+
     def close(self, summary: dict | None = None) -> None:
         self.jsonl.close()
         self.queue.put(("close", summary))
@@ -257,8 +275,8 @@ class TrackedSink:
                 kind, payload = self.queue.get(timeout=max(0.0, flush_at - time.monotonic()))
             except queue.Empty:
                 kind, payload = "flush", None
-            if kind == "row":
-                self._each("log", payload)
+            if kind in ("row", "checkpointed"):
+                self._each("log" if kind == "row" else "checkpointed", payload)
                 continue
             if kind == "close":
                 self._each("close", payload)
