@@ -1,6 +1,7 @@
 """`submit`, `jobs` and `local` against a real local Ray head with its dashboard (Jobs API over HTTP)."""
 
 import json
+import re
 import os
 import shutil
 import socket
@@ -187,7 +188,11 @@ def test_train_uses_the_local_head_when_one_is_running(home, head, project):
     result = cli(home, "train", "job.yaml", "--steps", "2", "--set", "run.name=warm", "--json", cwd=project)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["steps"] == 2
-    assert "existing Ray cluster" in result.stderr and "Started a local Ray instance" not in result.stderr
+    log = (project / "runs" / "warm" / "driver.log").read_text()
+    assert "existing Ray cluster" in log and "Started a local Ray instance" not in log
+    # Ray's lines and the workers' output are in the run's log, and none of them on the console.
+    assert "(RayTrainWorker pid=" in log and "(TrainController pid=" in log
+    assert not re.search(r"RayTrainWorker|TrainController|INFO|WARNING|\x1b\[", result.stderr), result.stderr
 
 
 def test_doctor_through_the_dashboard_runs_the_probe_as_a_job_on_the_cluster(home, head, mlflow_auth_server):

@@ -139,3 +139,33 @@ def test_doctor_refuses_to_train_on_a_broken_stack_unless_skipped(tiny_spec):
         run_training(spec)
     summary = run_training(spec, skip_doctor=True)
     assert summary["finished"] and summary["steps"] == 2
+
+
+def test_a_worker_death_is_explained_with_rays_notice_which_stays_off_the_console(tiny_spec, capfd):
+    """Ray's own lines go to the run's driver.log, not the console; the raylet's notice that a worker died is
+    part of the one-line failure. (A worker that exits at once stands in for one killed by the OOM killer.)"""
+    from trainlift.errors import TrainliftError
+
+    def dying_loop(config):
+        import os
+
+        import ray.train
+
+        if ray.train.get_context().get_world_rank() == 1:
+            os._exit(1)
+        import time
+
+        time.sleep(60)
+
+    spec = tiny_spec("run.name=dies", "run.max_failures=0")
+    capfd.readouterr()
+    with pytest.raises(TrainliftError) as failure:
+        run_training(spec, train_loop=dying_loop)
+    line = failure.value.one_line()
+    log = Path(spec.run_uri) / "driver.log"
+    assert "(before it, Ray said: A worker died or was killed while executing a task" in line and "\n" not in line
+    assert f"every line Ray printed is in {log}" in line
+    console = capfd.readouterr()
+    assert "A worker died" not in console.out + console.err and "TrainController" not in console.out + console.err
+    text = log.read_text()
+    assert "(raylet) A worker died or was killed" in text

@@ -23,8 +23,12 @@ app.add_typer(local_app, name="local")
 ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `trainlift local up`)."
 
 
-def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at: float) -> tuple[str, float | None]:
+def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at: float,
+            verbose: bool = False) -> tuple[str, float | None]:
+    """The job's progress as a bar and its other lines as they come (Ray's own lines only with `verbose`; all of
+    them stay in the job's log)."""
     from trainlift.ops import jobs
+    from trainlift.ops.ray_output import is_ray_line
 
     first_step_at: list[float] = []
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -34,7 +38,7 @@ def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at
         def on_line(line: str) -> None:
             row = jobs.parse_progress(line)
             if row is None:
-                if not quiet and line.strip():
+                if not quiet and line.strip() and (verbose or not is_ray_line(line)):
                     progress.console.print(line, markup=False, highlight=False)
                 return
             if row.get("step") and not first_step_at:
@@ -107,6 +111,8 @@ def submit(
     cluster: Optional[Path] = typer.Option(
         None, "--cluster", help="The cluster spec the job runs on: its S3 role must reach run.storage and the data "
         "and its pods must get the job's MLflow credentials (checked before anything is uploaded)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Ray's own lines: the SDK's while "
+                                 "uploading, the job's workers' while following (all are in the job's log)."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
 ) -> None:
     """Submit a job spec to a Ray cluster through the Job Submission API.
@@ -117,7 +123,7 @@ def submit(
     resumes from the newest checkpoint. A different spec with the same run name is refused while that run has an
     active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
-    from trainlift.ops import jobs, localray
+    from trainlift.ops import jobs, localray, ray_output
 
     env_vars = jobs.parse_env(env, os.environ)
     overrides = list(set_)
@@ -131,6 +137,15 @@ def submit(
     entry = jobs.entrypoint(spec_path.relative_to(plan.root).as_posix(), overrides)
     runtime_env = jobs.runtime_env(plan.root, plan.excludes, list(pip), env_vars)
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
+    # What Ray's SDK says while uploading and streaming goes to a log file, not the console.
+    with ray_output.RunOutput(ray_output.home_log_path(f"submit-{spec.run.name}"), verbose):
+        _submit_and_follow(spec, plan, entry, runtime_env, job_id, address, follow, json_out, verbose)
+
+
+def _submit_and_follow(spec, plan, entry: str, runtime_env: dict, job_id: str, address: str, follow: bool,
+                       json_out: bool, verbose: bool) -> None:
+    from trainlift.ops import jobs
+
     job_client = jobs.client(address)
     submitted_at = time.time()
     job_id, created = jobs.submit(job_client, job_id, entry, runtime_env, {jobs.RUN_METADATA: spec.run.name})
@@ -141,7 +156,7 @@ def submit(
     if not follow:
         return _detached(job_client, job_id, address, json_out, details)
     try:
-        status, to_first_step = _follow(job_client, job_id, spec.train.steps, json_out, submitted_at)
+        status, to_first_step = _follow(job_client, job_id, spec.train.steps, json_out, submitted_at, verbose)
     except KeyboardInterrupt:
         err_console.print(f"detached; the job keeps running. Reattach: trainlift jobs logs {job_id} --follow; "
                           f"stop: trainlift jobs stop {job_id}")

@@ -39,6 +39,9 @@ def train(
         help="auto: a bar on a terminal, else a line every --log-every seconds; lines: those lines even on a "
              "terminal; json: a `trainlift-progress {json}` line per update (what `submit --follow` reads)."),
     log_every: float = typer.Option(30.0, "--log-every", min=0.0, help="Seconds between progress lines off a terminal."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show what Ray, the workers and the Hugging "
+                                 "Face libraries print (always in the run's driver.log; on by itself inside a Ray "
+                                 "job, whose log is the record)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
@@ -47,6 +50,7 @@ def train(
     the end. Re-running the same run.name resumes from its latest complete
     checkpoint. Writes <run.storage>/<run.name>/{metrics.jsonl,summary.json,final/}.
     """
+    from trainlift.ops import ray_output
     from trainlift.train.launch import EXIT_STOPPED, run_training
 
     if progress_mode not in MODES:
@@ -61,7 +65,8 @@ def train(
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
             summary = run_training(spec, address=_ray_address(address), workers=workers, stop_at_step=stop_at_step,
-                                   skip_doctor=skip_doctor, on_update=on_update)
+                                   skip_doctor=skip_doctor, on_update=on_update,
+                                   verbose=verbose or ray_output.in_ray_job())
     _print_summary(summary, json_out)
     if not summary.get("finished"):
         why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"

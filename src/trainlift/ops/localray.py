@@ -51,7 +51,7 @@ def skip_cluster_only_train_features() -> None:
     os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 
 
-def start_in_process(num_cpus: int | None = None) -> None:
+def start_in_process(num_cpus: int | None = None, log_to_driver: bool = False) -> None:
     """Start a Ray instance inside this process, without a dashboard: nothing asks this instance's state API
     (Ray Train's placement-group cleaner did, and trainlift leaves it out), and the dashboard was 2 s of every
     cold start on 2 cores. No job runtime env either: Ray hands its prestarted idle workers only to actors of a
@@ -60,7 +60,7 @@ def start_in_process(num_cpus: int | None = None) -> None:
 
     skip_cluster_only_train_features()
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
              _system_config={"worker_niceness": 0})
 
 

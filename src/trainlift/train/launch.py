@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError
-from trainlift.ops import localray
+from trainlift.ops import localray, ray_output
 from trainlift.train.data import cache as datacache
 from trainlift.train.run import board as progress, failures, preflight, trackers
 
@@ -50,8 +50,9 @@ def prepare_data(spec: JobSpec) -> dict[str, dict]:
     return datacache.prepare_splits(spec, tokenizer)
 
 
-def ensure_ray(address: str | None, num_cpus: int) -> bool:
-    """Attach to a cluster or start an embedded one; returns whether this call started Ray."""
+def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) -> bool:
+    """Attach to a cluster or start an embedded one (forwarding the workers' output to this process with
+    `log_to_driver`); returns whether this call started Ray."""
     import ray
 
     if ray.is_initialized():
@@ -63,12 +64,13 @@ def ensure_ray(address: str | None, num_cpus: int) -> bool:
             local = localray.is_loopback(address)
             if local:
                 localray.skip_cluster_only_train_features()
-            ray.init(address=address, log_to_driver=False, **({"_node_ip_address": "127.0.0.1"} if local else {}))
+            ray.init(address=address, log_to_driver=log_to_driver,
+                     **({"_node_ip_address": "127.0.0.1"} if local else {}))
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                                  hint="check the address, or drop --address to run on an embedded local Ray") from None
         return False
-    localray.start_in_process(num_cpus)
+    localray.start_in_process(num_cpus, log_to_driver)
     return True
 
 
@@ -155,12 +157,13 @@ def build_trainer(spec: JobSpec, prepared: Prepared, board, train_loop: Callable
     )
 
 
-def fit(trainer, spec: JobSpec, board) -> None:
+def fit(trainer, spec: JobSpec, board, output: ray_output.RunOutput) -> None:
+    since = time.time()
     try:
         with progress.stop_on_signals(board):
             trainer.fit()
     except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; show the root cause in one line
-        raise failures.explain(spec, exc) from exc
+        raise failures.explain(spec, exc, output.log_path, output.warning_since(since)) from exc
 
 
 def summarize(spec: JobSpec, board, prepared: Prepared, started_at: float) -> dict[str, Any]:
@@ -170,7 +173,7 @@ def summarize(spec: JobSpec, board, prepared: Prepared, started_at: float) -> di
     summary = ray.get(board.get_summary.remote())
     summary["stopped_by"] = ray.get(board.stop_requested.remote())
     summary.update(run=spec.run_uri, name=spec.run.name, wall_time_s=time.time() - started_at,
-                   data_cache=prepared.data_cache)
+                   data_cache=prepared.data_cache, driver_log=str(ray_output.run_log_path(spec.run_uri, spec.run.name)))
     write_summary(spec, summary)
     return summary
 
@@ -184,23 +187,33 @@ def run_training(
     skip_doctor: bool = False,
     on_update: Callable[[dict], None] | None = None,
     train_loop: Callable[[dict], None] | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json.
-    `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it)."""
+    `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it). What Ray and the
+    libraries print goes to the run's driver.log, and onto the console too with `verbose`."""
+    spec = preflight.check(spec)
+    with ray_output.RunOutput(ray_output.run_log_path(spec.run_uri, spec.run.name), verbose) as output:
+        return _run_with_ray(spec, address, workers, stop_at_step, skip_doctor, on_update, train_loop, output)
+
+
+def _run_with_ray(spec: JobSpec, address: str | None, workers: int | None, stop_at_step: int | None,
+                  skip_doctor: bool, on_update, train_loop, output: ray_output.RunOutput) -> dict[str, Any]:
     import ray
 
     from trainlift.train.run import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
 
     started_at = time.time()
-    spec = preflight.check(spec)
     requested = workers or spec.scaling.max_workers or 1
-    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker))
+    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
+                             log_to_driver=ray_output.forwards_worker_lines())
+    output.attach_workers()
     raytrainer.start_autoscaling_coordinator()
     try:
         prepared = prepare(spec, workers, started_at)
         board = progress.progress_board()
         with progress.following(board, on_update):
-            fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board)
+            fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board, output)
         return summarize(spec, board, prepared, started_at)
     finally:
         if started_ray:

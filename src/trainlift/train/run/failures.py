@@ -12,11 +12,16 @@ from trainlift.errors import TrainliftError
 START_RETRIES = 3  # worker-group starts that time out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) before giving up
 
 
-def explain(spec: JobSpec, exc: BaseException) -> TrainliftError:
+def explain(spec: JobSpec, exc: BaseException, log_path: str | os.PathLike, ray_said: str | None = None
+            ) -> TrainliftError:
+    """`log_path`: where every line Ray printed is; `ray_said`: the last warning Ray gave before the failure,
+    added to the line when it says something new."""
     cause = root_cause(exc)
-    return storage_failure(spec, cause) or no_room_failure(spec, cause) or TrainliftError(
-        f"training failed: {cause}",
-        hint=f"worker logs are in Ray's session directory; run state is in {spec.run_uri}")
+    error = storage_failure(spec, cause) or no_room_failure(spec, cause) or TrainliftError(
+        f"training failed: {cause}", hint=f"every line Ray printed is in {log_path}; run state is in {spec.run_uri}")
+    if ray_said and ray_said not in error.message:
+        error.message = f"{error.message} (before it, Ray said: {ray_said})"
+    return error
 
 
 _START_TIMEOUT = re.compile(r"worker group startup timed out after [\d.]+ seconds waiting for (?P<n>\d+) workers")
