@@ -25,14 +25,21 @@ RESULTS = REPO / "docs" / "BENCHMARKS.md"
 BIN = Path(sys.executable).parent
 
 
+def ray_version() -> str:
+    try:
+        import ray
+    except ImportError:
+        return "Ray absent"
+    return f"Ray {ray.__version__}"
+
+
 def machine_line() -> str:
-    import ray
     import torch
 
     mem_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     return (f"{os.cpu_count()} cores ({cpu}), {mem_kib / 2**20:.0f} GiB memory, Python {platform.python_version()}, "
-            f"torch {torch.__version__}, Ray {ray.__version__}, {platform.system()} {platform.machine()}")
+            f"torch {torch.__version__}, {ray_version()}, {platform.system()} {platform.machine()}")
 
 
 QUIET = {"max_load": 1.0, "record": True}

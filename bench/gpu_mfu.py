@@ -5,7 +5,7 @@
 
 The model is built from the Qwen2.5-1.5B configuration (random init, nothing downloaded) with SDPA
 attention and sharded with trainlift's own FSDP2 wrapping on a world of one: bf16 compute, fp32 master
-weights and gradient reduction, AdamW, trainlift's loss (`recipe.token_loss_sum`) on random tokens.
+weights and gradient reduction, AdamW, trainlift's loss (`loss.token_loss_sum`) on random tokens.
 Each combination of activation checkpointing and torch.compile (per decoder layer, then FSDP, as
 torchtitan does) is timed after warm-up; a combination that fails is reported with its error and the
 rest still run. MFU = tokens/s × FLOPs/token ÷ the device's dense bf16 peak from trainlift's catalog
@@ -79,7 +79,7 @@ def build(config, device, bf16: bool, ac: bool, compiled: bool, seq: int):
 def measure(config, device, args, ac: bool, compiled: bool, peak: float | None) -> dict:
     import torch
 
-    from trainlift.train.recipe import token_loss_sum
+    from trainlift.train.model.loss import token_loss_sum
 
     bf16 = device.type == "cuda"
     if device.type == "cuda":

@@ -91,7 +91,7 @@ class CommandFailed(TrainliftError):
 def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> Completed:
     """Run `cmd` without a shell and capture its text output."""
     argv = tuple(cmd)
-    log.debug("$ %s", display(argv))
+    _log_command(argv)
     try:
         proc = subprocess.run(
             argv,
@@ -115,7 +115,7 @@ def stream(cmd: Sequence[str], timeout: float, echo: Callable[[str], None],
            env: dict[str, str] | None = None) -> Completed:
     """Like `run`, for long commands: each output line goes to `echo` as it comes (stderr merged)."""
     argv = tuple(cmd)
-    log.debug("$ %s", display(argv))
+    _log_command(argv)
     try:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -190,7 +190,7 @@ class Background:
             )
         except (FileNotFoundError, PermissionError) as exc:
             raise ToolMissing(os.path.basename(self.cmd[0])) from exc
-        log.debug("$ %s &", display(self.cmd))
+        _log_command(self.cmd, background=True)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -216,7 +216,7 @@ class Background:
 def spawn_detached(cmd: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a process that outlives this one, in its own session (so its whole group can be ended), with
     stdout and stderr appended to `log_path`."""
-    log.debug("$ %s &", display(tuple(cmd)))
+    _log_command(tuple(cmd), background=True)
     with open(log_path, "ab") as out:
         try:
             return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -276,6 +276,12 @@ def redact(cmd: Sequence[str]) -> list[str]:
             continue
         out.append(MASK if _secret("", token) else token)
     return out
+
+
+def _log_command(cmd: Sequence[str], background: bool = False) -> None:
+    """The command at debug level; formatted (which loads the secret rules) only when someone listens."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("$ %s%s", display(cmd), " &" if background else "")
 
 
 def display(cmd: Sequence[str]) -> str:

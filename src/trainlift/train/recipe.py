@@ -6,6 +6,7 @@ by its trainable-token count, so gradients do not depend on how the batch is
 split across workers. `ray.train.report()` is called only at evaluation and
 checkpoint boundaries (it is a cross-worker barrier drained on a 2 s poll);
 per-step metrics go to metrics.jsonl and, at most twice a second, to the driver's progress board.
+Ray is imported only inside the functions that talk to it: building, stepping and exporting need no Ray.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ray.train
-import ray.train.torch
 import torch
 import torch.distributed as dist
 
@@ -138,6 +137,8 @@ def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[i
 
 
 def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, keep, report_metrics) -> None:
+    import ray.train
+
     with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-") as local_dir:
         checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, rank, world)
         ray.train.report(report_metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
@@ -159,6 +160,8 @@ class StopRequests:
 
     def vote(self) -> float:
         if self.pending is not None:
+            import ray
+
             ready, _ = ray.wait([self.pending], timeout=0)
             if ready and ray.get(ready[0]):
                 return 1.0
@@ -181,6 +184,9 @@ class Worker:
 
     @classmethod
     def from_context(cls, spec: JobSpec) -> "Worker":
+        import ray.train
+        import ray.train.torch
+
         ctx = ray.train.get_context()
         device = ray.train.torch.get_device()
         storage = ctx.get_storage()
@@ -260,6 +266,8 @@ class RunLog:
     def close(self, summary: dict) -> None:
         self.sink.close(summary)
         if self.board is not None:
+            import ray
+
             ray.get(self.board.finish.remote(summary))
 
 
@@ -328,6 +336,8 @@ def export_run(w: Worker, model, model_config, tokenizer) -> None:
 
 
 def train_loop_per_worker(config: dict) -> None:
+    import ray.train
+
     spec = JobSpec.model_validate(config["spec"])
     w = Worker.from_context(spec)
     if not config.get("skip_doctor"):
