@@ -67,3 +67,27 @@ def test_loading_from_a_directory_without_safetensors_names_the_field(tmp_path):
     with pytest.raises(SpecError, match=r"^model.path: .*no \*\.safetensors files") as caught:
         load_safetensors(tiny_llama(), tmp_path)
     assert "save_pretrained" in caught.value.hint
+
+
+def test_a_load_reads_the_files_headers_once_and_fills_every_weight(tmp_path, monkeypatch):
+    """The key check and dcp.load share one read of the safetensors headers (on a 70B model: 30 files, each
+    header parsed per rank)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    from trainlift.train.model.export import model_weights, write_weights
+    from trainlift.train.model.weights import load_safetensors
+
+    source = tiny_llama()
+    write_weights(pafs.LocalFileSystem(), str(tmp_path), model_weights(source), torch.float32, max_file_bytes=2048)
+    reads = []
+    original = HuggingFaceStorageReader.read_metadata
+    monkeypatch.setattr(HuggingFaceStorageReader, "read_metadata",
+                        lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+    target = tiny_llama()
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    load_safetensors(target, tmp_path)
+    assert len(reads) == 1
+    for key, tensor in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], tensor), key

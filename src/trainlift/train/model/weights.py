@@ -14,6 +14,8 @@ the local cache first).
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Callable
 
@@ -87,7 +89,7 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_k
     if not any(model_dir.glob("*.safetensors")):
         raise SpecError(f"model.path: {model_dir}: no *.safetensors files to load the model from",
                         hint="save the model with save_pretrained(..., safe_serialization=True)")
-    reader = HuggingFaceStorageReader(str(model_dir))
+    reader = HeadersReadOnce(str(model_dir))
     stored = set(reader.read_metadata().state_dict_metadata)
     aliases = tied_aliases(model)
     wanted = {checkpoint_key(name): tensor for name, tensor in model.state_dict().items()
@@ -97,7 +99,18 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_k
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise SpecError(f"model.path: {model_dir}: the safetensors files lack {shown}",
                         hint="model.path must hold weights saved for this model's architecture")
-    dcp.load(wanted, storage_reader=HuggingFaceStorageReader(str(model_dir)))
+    dcp.load(wanted, storage_reader=reader)
+
+
+class HeadersReadOnce(HuggingFaceStorageReader):
+    """Reads every safetensors file's header once: the key check above and `dcp.load` share what it found."""
+
+    @functools.cached_property
+    def _metadata(self):
+        return super().read_metadata()
+
+    def read_metadata(self, *args, **kwargs):
+        return self._metadata
 
 
 @torch.no_grad()
