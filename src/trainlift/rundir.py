@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 from trainlift.errors import UsageError
 
 RUNNING_WINDOW_S = 300.0  # metrics.jsonl written this recently, and no newer summary: the run is still going
+DRIVER_RECORD = "driver.json"  # {host, pid, started}: written while a driver runs the run, removed when it ends
 _CHECKPOINT = re.compile(r"^checkpoint_(\d{8})$")
 
 
@@ -70,6 +71,7 @@ class Run:
     checkpoint_step: int | None
     metrics_mtime: float | None
     summary_mtime: float | None
+    driver: dict[str, Any] | None = None
 
 
 def read_run(uri: str) -> Run:
@@ -80,11 +82,37 @@ def read_run(uri: str) -> Run:
         raise UsageError(f"{uri}: no metrics.jsonl here, so this is not a trainlift run directory",
                          hint="give <run.storage>/<run.name>, e.g. runs/tiny-demo; `trainlift runs STORAGE` lists them")
     summary_text = _read(fs, f"{path}/summary.json")
+    driver_text = _read(fs, f"{path}/{DRIVER_RECORD}")
     infos = {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(path))}
     return Run(name=path.rsplit("/", 1)[-1], uri=uri, rows=parse_rows(text),
                summary=json.loads(summary_text) if summary_text else None,
                checkpoint_step=_latest_complete_checkpoint(fs, path, infos),
-               metrics_mtime=_mtime(infos.get("metrics.jsonl")), summary_mtime=_mtime(infos.get("summary.json")))
+               metrics_mtime=_mtime(infos.get("metrics.jsonl")), summary_mtime=_mtime(infos.get("summary.json")),
+               driver=_json_or_none(driver_text))
+
+
+def _json_or_none(text: str | None) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def driver_alive(driver: dict[str, Any]) -> bool | None:
+    """Whether the recorded driver process still runs: known only on its own host (None elsewhere)."""
+    import os
+    import socket
+
+    if driver.get("host") != socket.gethostname() or not isinstance(driver.get("pid"), int):
+        return None
+    try:
+        os.kill(driver["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _mtime(info: pafs.FileInfo | None) -> float | None:
@@ -114,13 +142,17 @@ def total_steps(rows: list[dict[str, Any]]) -> int | None:
 
 
 def state(run: Run, now: float) -> str:
-    """finished, running, checkpointed at step N, or no checkpoint."""
+    """finished, running, checkpointed at step N, or no checkpoint; `(driver gone)` after those last two when the
+    run's driver died without ending it (killed, its machine lost)."""
     summary_newer = run.summary_mtime is not None and (run.metrics_mtime is None or run.summary_mtime >= run.metrics_mtime - 1)
     if run.summary and run.summary.get("finished") and summary_newer:
         return "finished"
-    if not summary_newer and run.metrics_mtime is not None and now - run.metrics_mtime < RUNNING_WINDOW_S:
+    alive = driver_alive(run.driver) if run.driver is not None else None
+    recent = not summary_newer and run.metrics_mtime is not None and now - run.metrics_mtime < RUNNING_WINDOW_S
+    if alive or (alive is None and run.driver is not None and recent):
         return "running"
-    return f"checkpointed at step {run.checkpoint_step}" if run.checkpoint_step is not None else "no checkpoint"
+    where = f"checkpointed at step {run.checkpoint_step}" if run.checkpoint_step is not None else "no checkpoint"
+    return f"{where} (driver gone)" if run.driver is not None else where
 
 
 def listing_row(run: Run, now: float) -> dict[str, Any]:
@@ -129,7 +161,8 @@ def listing_row(run: Run, now: float) -> dict[str, Any]:
     last_write = max(t for t in (run.metrics_mtime, run.summary_mtime, 0.0) if t is not None)
     return {"name": run.name, "run": run.uri, "steps": train[-1]["step"] if train else 0,
             "total_steps": total_steps(run.rows), "loss": train[-1]["loss"] if train else None,
-            "eval_loss": evals[-1]["eval_loss"] if evals else None, "state": state(run, now),
+            "eval_loss": evals[-1]["eval_loss"] if evals and evals[-1]["step"] > 0 else None,  # not the step-0 baseline
+            "state": state(run, now),
             "age_s": round(now - last_write, 1) if last_write else None}
 
 

@@ -95,6 +95,10 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     assert status["status"] == "SUCCEEDED"
     logs = cli(home, "jobs", "logs", job_id).stdout
     assert "trainlift-progress" in logs and '"step": 6' in logs
+    # Byte for byte: the progress lines are far over 80 characters and each still parses whole.
+    progress_lines = [line for line in logs.splitlines() if line.startswith("trainlift-progress ")]
+    assert max(map(len, progress_lines)) > 100 and all(jobs_rows(line) for line in progress_lines)
+    assert logs == client_logs(head, job_id)
     assert "not uploading credential-like file .env" in result.stderr
     job_info = json.dumps(json.loads(cli(home, "jobs", "status", job_id, "--json").stdout))
     metrics = (project / "runs" / "sub" / "metrics.jsonl").read_text()
@@ -155,14 +159,15 @@ def test_resubmitting_the_same_spec_attaches_and_a_changed_spec_waits_for_its_ru
 
 def test_a_failing_job_exits_1_and_resubmitting_starts_a_new_attempt(home, head, project):
     (project / "broken.jsonl").write_text('{"messages": []}\n{oops\n')
-    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", "--json", cwd=project)
+    broken = ["--set", "data.train=broken.jsonl", "--set", "run.name=broken"]  # "sub" has finished: nothing to do
+    result = cli(home, "submit", "job.yaml", *broken, "--json", cwd=project)
     assert result.returncode == 1
     assert "broken.jsonl:1: no assistant message" in result.stderr and "FAILED" in result.stderr
     failed = json.loads(result.stdout)
 
     # The data fixed, the same command must run the job again, not replay the failed one.
     shutil.copy(project / "train.jsonl", project / "broken.jsonl")
-    result = cli(home, "submit", "job.yaml", "--set", "data.train=broken.jsonl", "--json", cwd=project)
+    result = cli(home, "submit", "job.yaml", *broken, "--json", cwd=project)
     assert result.returncode == 0, result.stderr[-2000:]
     retry = json.loads(result.stdout)
     assert retry["created"] and retry["status"] == "SUCCEEDED"
@@ -176,6 +181,16 @@ def test_oversized_working_directory_is_refused_before_upload(home, project, tmp
     result = cli(home, "submit", "job.yaml", "--address", "http://127.0.0.1:9", cwd=big)
     assert result.returncode == 2
     assert "over the 100 MiB upload limit; largest files: weights.bin" in result.stderr
+
+
+def jobs_rows(line: str) -> dict:
+    return json.loads(line.split(" ", 1)[1])
+
+
+def client_logs(head, job_id: str) -> str:
+    from trainlift.ops import jobs
+
+    return jobs.client(head["dashboard_url"]).get_job_logs(job_id)
 
 
 def test_unreachable_address_fails_fast_with_a_hint(home, project):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -79,3 +80,15 @@ def test_help_teaches_the_command():
     assert result.returncode == 0
     for flag in ("--set", "--steps", "--workers", "--run-dir", "--json", "--address"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("flags,pattern", [
+    (["--workers", "0"], r"scaling.workers: must be at least 1"),
+    (["--workers", "-3"], r"scaling.workers: must be at least 1"),
+    (["--steps", "0"], r"train.steps: "),
+])
+def test_every_flag_goes_through_the_spec_validation_before_ray_starts(flags, pattern, spec_file):
+    result = run_cli("train", str(spec_file()), *flags)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and re.search(pattern, lines[0]) and "Traceback" not in result.stderr, result.stderr

@@ -37,7 +37,8 @@ def test_nccl_on_gpus_and_gloo_on_cpus():
     assert raytrainer.torch_config("gloo").to_dict() == TorchConfig(backend="gloo").to_dict()
 
 
-ALL_PRIVATE = {**raytrainer.BACKEND_NAMES, **raytrainer.TRAINER_NAMES, **raytrainer.COORDINATOR_NAMES}
+ALL_PRIVATE = {**raytrainer.BACKEND_NAMES, **raytrainer.TRAINER_NAMES, **raytrainer.COORDINATOR_NAMES,
+               **raytrainer.SIGNAL_NAMES}
 
 
 def test_every_private_ray_name_used_is_in_the_pinned_ray_as_read_from_its_source():
@@ -72,7 +73,26 @@ def test_a_ray_release_without_a_trainer_name_gets_rays_plain_torch_trainer(monk
 
     without(monkeypatch, gone)
     trainer = raytrainer.torch_trainer(lambda config: None, use_gpu=False, scaling_config=ScalingConfig(num_workers=1))
-    assert type(trainer) is TorchTrainer
+    assert type(trainer).__mro__[1] is TorchTrainer  # Ray's own, leaving SIGINT to the driver
+
+
+def test_rays_sigint_handler_is_left_out_where_ray_has_it_and_kept_where_it_does_not(monkeypatch):
+    """Ray Train V2's handler aborts on the first Ctrl-C without a checkpoint; the driver's checkpoints first."""
+    from ray.train import ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    def build():
+        return raytrainer.torch_trainer(lambda config: None, use_gpu=False,
+                                        scaling_config=ScalingConfig(num_workers=1))
+
+    installed = []
+    monkeypatch.setattr("signal.signal", lambda sig, handler: installed.append(sig))
+    build()._register_sigint_handler(controller=None)
+    assert installed == []
+    (module, (name,)), = raytrainer.SIGNAL_NAMES.items()
+    without(monkeypatch, f"{module}:{name}")
+    trainer = build()
+    assert type(trainer)._register_sigint_handler is DataParallelTrainer._register_sigint_handler
 
 
 def test_the_pinned_ray_gets_the_trimmed_trainer_and_a_missing_coordinator_is_skipped(monkeypatch):

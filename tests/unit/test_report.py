@@ -2,6 +2,9 @@
 
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -87,16 +90,24 @@ def test_runs_listing_reads_steps_losses_and_state(tmp_path):
     stopped = write_run(tmp_path, "stopped", rows, {"finished": False, "steps": 2}, checkpoints=(2, 4), complete=(2,))
     crashed = write_run(tmp_path, "crashed", rows)
     live = write_run(tmp_path, "live", rows, checkpoints=(2,), complete=(2,))
+    killed = write_run(tmp_path, "killed", [start(0), {"step": 0, "eval_loss": 3.0, "time": 0.5}, train(1, loss=2.0)],
+                       checkpoints=(1,), complete=(1,))
+    # A driver record names the process driving a run: this test's own (alive), and one that has exited.
+    (live / "driver.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (killed / "driver.json").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout)}))
     (tmp_path / "not-a-run").mkdir()
-    for run, seconds in ((done, 900), (stopped, 2000), (crashed, 4000), (live, 5)):
+    for run, seconds in ((done, 900), (stopped, 2000), (crashed, 4000), (live, 5), (killed, 10)):
         for f in run.iterdir():
             age(f, seconds)
     listing = {r["name"]: r for r in rundir.list_runs(str(tmp_path))}
-    assert list(listing) == ["live", "done", "stopped", "crashed"]  # newest first, not-a-run left out
+    assert list(listing) == ["live", "killed", "done", "stopped", "crashed"]  # newest first, not-a-run left out
     assert {n: r["state"] for n, r in listing.items()} == {
-        "done": "finished", "stopped": "checkpointed at step 2", "crashed": "no checkpoint", "live": "running"}
+        "done": "finished", "stopped": "checkpointed at step 2", "crashed": "no checkpoint", "live": "running",
+        "killed": "checkpointed at step 1 (driver gone)"}
     assert (listing["done"]["steps"], listing["done"]["total_steps"], listing["done"]["loss"]) == (3, 6, 1.2)
     assert listing["stopped"]["eval_loss"] == 1.7 and 1990 < listing["stopped"]["age_s"] < 2100
+    assert listing["killed"]["eval_loss"] is None  # it never evaluated after step 0
 
 
 def test_runs_and_report_say_what_is_wrong_with_a_bad_path(tmp_path):

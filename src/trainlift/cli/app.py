@@ -14,13 +14,14 @@ from rich.markup import escape
 from trainlift.errors import TrainliftError
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: flags without a type, values by their metavar
     name="trainlift",
     help="Fine-tune a Hugging Face causal LM with FSDP on Ray: locally first, then on EKS.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
+console = Console(soft_wrap=True)  # a line the user pipes to grep stays one line
 err_console = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 

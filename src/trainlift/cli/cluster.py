@@ -12,6 +12,7 @@ from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.errors import TrainliftError, UsageError
 
 cluster_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: flags without a type, values by their metavar
     help="The EKS cluster of a cluster spec: plan first, then apply; re-running continues where it stopped.",
     no_args_is_help=True,
 )

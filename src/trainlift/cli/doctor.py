@@ -17,6 +17,7 @@ from trainlift.doctor.rules import Finding, has_errors, sort_findings
 from trainlift.errors import UsageError
 
 doctor_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: flags without a type, values by their metavar
     help="Prove the stack and the fabric: versions, EFA/NCCL setup, transport, bandwidth.",
     invoke_without_command=True,
     no_args_is_help=False,

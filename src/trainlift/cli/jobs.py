@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -14,8 +15,9 @@ from rich.table import Table
 from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.errors import UsageError
 
-jobs_app = typer.Typer(help="List, inspect, follow and stop jobs on a Ray cluster.", no_args_is_help=True)
-local_app = typer.Typer(help="A persistent local Ray head (dashboard on loopback) for submit and train.",
+jobs_app = typer.Typer(rich_markup_mode=None, help="List, inspect, follow and stop jobs on a Ray cluster.",
+                       no_args_is_help=True)
+local_app = typer.Typer(rich_markup_mode=None, help="A persistent local Ray head (dashboard on loopback) for submit and train.",
                         no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(local_app, name="local")
@@ -23,10 +25,10 @@ app.add_typer(local_app, name="local")
 ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `trainlift local up`)."
 
 
-def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at: float,
+def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submitted_at: float,
             verbose: bool = False) -> tuple[str, float | None]:
-    """The job's progress as a bar and its other lines as they come (Ray's own lines only with `verbose`; all of
-    them stay in the job's log)."""
+    """The job's progress as a bar and its other lines as they come, unwrapped (Ray's own lines only with
+    `verbose`; all of them stay in the job's log). `total_steps` None: read from the progress rows."""
     from trainlift.ops import jobs
     from trainlift.ops.ray_output import is_ray_line
 
@@ -39,8 +41,10 @@ def _follow(job_client, job_id: str, total_steps: int, quiet: bool, submitted_at
             row = jobs.parse_progress(line)
             if row is None:
                 if not quiet and line.strip() and (verbose or not is_ray_line(line)):
-                    progress.console.print(line, markup=False, highlight=False)
+                    progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
                 return
+            if row.get("total_steps"):
+                progress.update(task, total=row["total_steps"])
             if row.get("step") and not first_step_at:
                 first_step_at.append(time.time())
             if "loss" in row:
@@ -99,11 +103,11 @@ def _detached(job_client, job_id: str, address: str, json_out: bool, details: di
 def submit(
     spec_file: Path = typer.Argument(..., help="Job spec inside the working directory, e.g. examples/tiny-local.yaml."),
     address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
-    set_: List[str] = typer.Option([], "--set", help="Override a spec field (repeatable)."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a spec field (repeatable)."),
     follow: bool = typer.Option(True, "--follow/--detach", help="Stream logs and progress until the job ends."),
     submission_id: Optional[str] = typer.Option(None, help="Job id (default: derived from run name and spec content)."),
     pip: List[str] = typer.Option([], "--pip", help="Extra pip package for the job's environment (repeatable)."),
-    env: List[str] = typer.Option([], "--env", help="Environment variable for the job: KEY=VALUE, or KEY to pass "
+    env: List[str] = typer.Option([], "--env", metavar="KEY[=VALUE]", help="Environment variable for the job: KEY=VALUE, or KEY to pass "
                                   "this shell's value (repeatable). Not for secrets: those come from the workers' "
                                   "environment (a Kubernetes Secret in the cluster spec's `secrets`)."),
     working_dir: Path = typer.Option(Path("."), help="Project directory shipped as the job's working_dir."),
@@ -213,14 +217,19 @@ def jobs_status(job_id: str, address: Optional[str] = typer.Option(None, help=AD
 @jobs_app.command("logs")
 def jobs_logs(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
               follow: bool = typer.Option(False, "--follow", help="Keep streaming until the job ends.")) -> None:
-    """A job's driver logs."""
+    """A job's driver log, byte for byte (for grep and `doctor nccl-log`); with --follow on a terminal, its
+    progress as a bar and every other line as it comes."""
     from trainlift.ops import jobs
 
     job_client = jobs.client(jobs.resolve_address(address))
-    if follow:
-        status = jobs.follow(job_client, job_id, lambda line: console.print(line, markup=False, highlight=False))
-        raise typer.Exit(0 if status == "SUCCEEDED" else 1)
-    console.print(job_client.get_job_logs(job_id), markup=False, highlight=False, end="")
+    if not follow:
+        sys.stdout.write(job_client.get_job_logs(job_id))
+        return
+    if console.is_terminal:
+        status, _ = _follow(job_client, job_id, None, False, time.time(), verbose=True)
+    else:
+        status = jobs.follow(job_client, job_id, lambda line: sys.stdout.write(line + "\n"))
+    raise typer.Exit(0 if status == "SUCCEEDED" else 1)
 
 
 @jobs_app.command("stop")
@@ -241,7 +250,10 @@ def jobs_stop(job_id: str, address: Optional[str] = typer.Option(None, help=ADDR
 def local_up(port: int = typer.Option(8265, help="Dashboard port (loopback only)."),
              num_cpus: Optional[int] = typer.Option(None, help="CPUs Ray may schedule (default: all)."),
              json_out: bool = typer.Option(False, "--json")) -> None:
-    """Start a local Ray head bound to 127.0.0.1; submit and train then use it by default."""
+    """Start a local Ray head; submit and train then use it by default.
+
+    The dashboard (Jobs API) listens on 127.0.0.1 only. Ray's GCS port listens on every interface, as Ray binds
+    it, so the head requires Ray's token (token authentication on, the token in ~/.ray/auth_token)."""
     from trainlift.ops import localray
 
     state = localray.up(port=port, num_cpus=num_cpus)
@@ -249,7 +261,8 @@ def local_up(port: int = typer.Option(8265, help="Dashboard port (loopback only)
         print_json(state)
     else:
         verb = "started" if state["started"] else "already running"
-        console.print(f"local Ray head {verb}: dashboard {state['dashboard_url']}, GCS {state['gcs_address']}")
+        console.print(f"local Ray head {verb}: dashboard {state['dashboard_url']} (loopback only), GCS "
+                      f"{state['gcs_address']} (Ray listens on every interface; its token is required)")
 
 
 @local_app.command("status")

@@ -17,7 +17,7 @@ STATE_STYLE = {"ok": "green", "failed": "bold red"}
 @app.command()
 def rehearse(
     out_dir: Path = typer.Argument(..., help="A render's output directory (`trainlift render ... --job ... -o DIR`)."),
-    set_: List[str] = typer.Option([], "--set", help="Override a job spec field for the rehearsal, e.g. a toy model: "
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a job spec field for the rehearsal, e.g. a toy model: "
                                    "--set model.path=s3://bucket/code/tiny-model (repeatable)."),
     timeout: float = typer.Option(900.0, "--timeout", min=1.0, help="Seconds the job may take."),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),

@@ -26,13 +26,13 @@ def _fmt(value, spec: str = ".4g") -> str:
 @app.command()
 def train(
     spec_file: Path = typer.Argument(..., help="Job spec (YAML), e.g. examples/tiny-local.yaml."),
-    set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set train.steps=20 (repeatable)."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a spec field: --set train.steps=20 (repeatable)."),
     steps: Optional[int] = typer.Option(None, help="Shortcut for --set train.steps=N."),
-    workers: Optional[int] = typer.Option(None, help="Ray Train workers (default: scaling.workers, 2)."),
+    workers: Optional[int] = typer.Option(None, help="Shortcut for --set scaling.workers=N (default 2).", show_default=False),
     run_dir: Optional[str] = typer.Option(None, help="Shortcut for --set run.storage=DIR (local path or s3://)."),
     address: Optional[str] = typer.Option(
         None, help="Ray cluster to attach to (default: RAY_ADDRESS, else the `trainlift local up` head, else an embedded local Ray)."),
-    stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step; rerun to resume."),
+    stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step (exit 3); it prints the command that resumes."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Train even when the workers' stack checks fail."),
     progress_mode: str = typer.Option(
         "auto", "--progress", envvar=PROGRESS_ENV, show_envvar=False,
@@ -46,9 +46,12 @@ def train(
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
 
-    With no address, starts an embedded local Ray (CPU, gloo) and stops it at
-    the end. Re-running the same run.name resumes from its latest complete
-    checkpoint. Writes <run.storage>/<run.name>/{metrics.jsonl,summary.json,final/}.
+    With no --address: RAY_ADDRESS, else the head `trainlift local up` started,
+    else an embedded local Ray (CPU, gloo) stopped at the end. Re-running the
+    same run.name resumes from its latest complete checkpoint; a finished run
+    is left as it is unless --steps asks for more. Relative paths in the spec
+    are relative to the current directory. Writes
+    <run.storage>/<run.name>/{metrics.jsonl,summary.json,driver.log,final/}.
     """
     from trainlift.ops import ray_output
     from trainlift.train.launch import EXIT_STOPPED, run_training
@@ -56,23 +59,42 @@ def train(
     if progress_mode not in MODES:
         raise UsageError(f"--progress {progress_mode!r}: expected one of {', '.join(MODES)}",
                          hint=f"unset {PROGRESS_ENV} or pass --progress auto")
-    spec = load_job_spec(spec_file, [*set_, *([f"train.steps={steps}"] if steps is not None else []),
-                                     *([f"run.storage={run_dir}"] if run_dir is not None else [])])
+    shortcuts = {"train.steps": steps, "scaling.workers": workers, "run.storage": run_dir}
+    # The shortcuts are overrides like --set, so the spec's own validation checks them before Ray starts.
+    spec = load_job_spec(spec_file, [*set_, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)])
     if skip_doctor:
         err_console.print("[bold yellow]WARNING: --skip-doctor: the workers' stack and transport checks are OFF; "
                           "a broken EFA/NCCL setup will train slowly or fail late[/]")
     with _progress_display(spec, progress_mode, log_every, hidden=json_out) as on_update:
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
-            summary = run_training(spec, address=_ray_address(address), workers=workers, stop_at_step=stop_at_step,
+            summary = run_training(spec, address=_ray_address(address), stop_at_step=stop_at_step,
                                    skip_doctor=skip_doctor, on_update=on_update,
                                    verbose=verbose or ray_output.in_ray_job())
+    if summary.get("already_finished") and not json_out:
+        err_console.print(f"run {spec.run.name} already finished at step {summary['steps']} "
+                          f"({summary['run']}); nothing to train. Ask for more with --steps N.")
     _print_summary(summary, json_out)
     if not summary.get("finished"):
         why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
-        err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; "
-                          "rerun the same command to resume")
+        err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; resume with: "
+                          f"{resume_command(sys.argv)}", markup=False, highlight=False)
         raise typer.Exit(EXIT_STOPPED)
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that was run, without --stop-at-step: run again, it resumes and goes on to train.steps."""
+    import shlex
+
+    kept, skip = ["trainlift"], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--stop-at-step":
+            skip = True
+        elif not arg.startswith("--stop-at-step="):
+            kept.append(arg)
+    return shlex.join(kept)
 
 
 def _ray_address(address: str | None) -> str | None:

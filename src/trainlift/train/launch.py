@@ -25,7 +25,7 @@ from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError
 from trainlift.ops import localray, ray_output
 from trainlift.train.data import cache as datacache
-from trainlift.train.run import board as progress, failures, preflight, trackers
+from trainlift.train.run import board as progress, failures, metrics, preflight, trackers
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
@@ -74,13 +74,13 @@ def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) 
     return True
 
 
-def scaling_for(spec: JobSpec, workers: int | None):
+def scaling_for(spec: JobSpec):
     import ray
     from ray.train import ScalingConfig
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     use_gpu = spec.scaling.device == "cuda" or (spec.scaling.device == "auto" and gpus > 0)
-    count = workers or spec.scaling.workers
+    count = spec.scaling.workers
     if count == "auto":
         count = gpus if use_gpu else max(1, int(ray.cluster_resources().get("CPU", 1)) // spec.scaling.cpus_per_worker)
     if isinstance(count, tuple) and count[0] == count[1]:
@@ -98,9 +98,23 @@ def forget_ray_checkpoint_list(spec: JobSpec) -> None:
 
 
 def write_summary(spec: JobSpec, summary: dict[str, Any]) -> None:
+    """summary.json, strict JSON: a figure that is not a number (no step trained, a loss that diverged) is null."""
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     with fs.open_output_stream(f"{path}/summary.json") as out:
-        out.write(json.dumps(summary, indent=2, sort_keys=True).encode())
+        out.write(json.dumps(metrics.finite_or_null(summary), indent=2, sort_keys=True, allow_nan=False).encode())
+
+
+def finished_summary(spec: JobSpec) -> dict[str, Any] | None:
+    """The run's summary when it already finished as many steps as the spec asks for (a rerun has nothing to
+    train: it must neither start Ray nor touch what the run left); None otherwise."""
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    try:
+        with fs.open_input_stream(f"{path}/summary.json") as src:
+            summary = json.loads(src.read())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    done = isinstance(summary, dict) and summary.get("finished") and (summary.get("steps") or 0) >= spec.train.steps
+    return summary if done else None
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,7 @@ class Prepared:
     worker_env: dict[str, str]
 
 
-def prepare(spec: JobSpec, workers: int | None, started_at: float) -> Prepared:
+def prepare(spec: JobSpec, started_at: float) -> Prepared:
     """After Ray starts: the model on a disk every worker reads, the data cache, the worker count and device, the
     workers' environment (NCCL's log file on GPUs, for the transport check), and no stale Ray checkpoint list."""
     import ray
@@ -123,7 +137,7 @@ def prepare(spec: JobSpec, workers: int | None, started_at: float) -> Prepared:
                                               ray.util.get_node_ip_address())
     prepare_model(spec)
     data_cache = prepare_data(spec)
-    scaling, use_gpu = scaling_for(spec, workers)
+    scaling, use_gpu = scaling_for(spec)
     nccl_log_prefix, nccl_env = None, {}
     if use_gpu and "NCCL_DEBUG_FILE" not in os.environ:
         nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
@@ -182,7 +196,6 @@ def run_training(
     spec: JobSpec,
     *,
     address: str | None = None,
-    workers: int | None = None,
     stop_at_step: int | None = None,
     skip_doctor: bool = False,
     on_update: Callable[[dict], None] | None = None,
@@ -193,24 +206,48 @@ def run_training(
     `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it). What Ray and the
     libraries print goes to the run's driver.log, and onto the console too with `verbose`."""
     spec = preflight.check(spec)
-    with ray_output.RunOutput(ray_output.run_log_path(spec.run_uri, spec.run.name), verbose) as output:
-        return _run_with_ray(spec, address, workers, stop_at_step, skip_doctor, on_update, train_loop, output)
+    finished = finished_summary(spec)
+    if finished is not None:
+        return {**finished, "already_finished": True}
+    log_path = ray_output.run_log_path(spec.run_uri, spec.run.name)
+    with driver_record(spec), ray_output.RunOutput(log_path, verbose) as output:
+        return _run_with_ray(spec, address, stop_at_step, skip_doctor, on_update, train_loop, output)
 
 
-def _run_with_ray(spec: JobSpec, address: str | None, workers: int | None, stop_at_step: int | None,
+@contextlib.contextmanager
+def driver_record(spec: JobSpec):
+    """<run>/driver.json names this process while it drives the run, so `trainlift runs` can tell a run whose
+    driver died (killed, machine lost) from one that is going."""
+    import socket
+
+    from trainlift.rundir import DRIVER_RECORD
+
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    fs.create_dir(path, recursive=True)
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    with fs.open_output_stream(f"{path}/{DRIVER_RECORD}") as out:
+        out.write(json.dumps(record).encode())
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fs.delete_file(f"{path}/{DRIVER_RECORD}")
+
+
+def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
                   skip_doctor: bool, on_update, train_loop, output: ray_output.RunOutput) -> dict[str, Any]:
     import ray
 
     from trainlift.train.run import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
 
     started_at = time.time()
-    requested = workers or spec.scaling.max_workers or 1
+    requested = spec.scaling.max_workers or 1
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
                              log_to_driver=ray_output.forwards_worker_lines())
     output.attach_workers()
     raytrainer.start_autoscaling_coordinator()
     try:
-        prepared = prepare(spec, workers, started_at)
+        prepared = prepare(spec, started_at)
         board = progress.progress_board()
         with progress.following(board, on_update):
             fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board, output)

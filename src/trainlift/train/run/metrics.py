@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 
@@ -12,6 +13,18 @@ import pyarrow.fs as pafs
 
 if TYPE_CHECKING:
     import torch
+
+
+def finite_or_null(value):
+    """`value` with every float that is not a finite number (a diverged loss, no step timed) as None: what
+    trainlift writes is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 class LocalMirror:
@@ -47,7 +60,7 @@ class JsonlSink:
         self._fh = open(self.mirror.path, "a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
-        self._fh.write(json.dumps(row) + "\n")
+        self._fh.write(json.dumps(finite_or_null(row), allow_nan=False) + "\n")
         self._fh.flush()
 
     def flush(self) -> None:

@@ -56,6 +56,9 @@ TRAINER_NAMES = {
     "ray.train.v2._internal.callbacks.datasets": ("DatasetsCallback",),
     "ray.train.v2._internal.callbacks.placement_group_callback": ("PlacementGroupCleanerCallback",),
 }
+SIGNAL_NAMES = {
+    "ray.train.v2.api.data_parallel_trainer": ("DataParallelTrainer._register_sigint_handler",),
+}
 COORDINATOR_NAMES = {
     "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator": ("get_or_create_autoscaling_coordinator",),
 }
@@ -150,11 +153,27 @@ def torch_trainer(train_loop_per_worker, *, use_gpu: bool, **trainer_kwargs):
     if _fallback(TRAINER_NAMES, "Ray's TorchTrainer with all its actors"):
         from ray.train.torch import TorchTrainer
 
-        return TorchTrainer(train_loop_per_worker, torch_config=backend_config, **trainer_kwargs)
+        return keeping_the_drivers_sigint(TorchTrainer)(train_loop_per_worker, torch_config=backend_config,
+                                                        **trainer_kwargs)
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    return without_unused_actors(DataParallelTrainer)(train_loop_per_worker, backend_config=backend_config,
-                                                      **trainer_kwargs)
+    trainer_class = keeping_the_drivers_sigint(without_unused_actors(DataParallelTrainer))
+    return trainer_class(train_loop_per_worker, backend_config=backend_config, **trainer_kwargs)
+
+
+def keeping_the_drivers_sigint(trainer_class):
+    """`trainer_class` leaving SIGINT to the driver. Ray Train V2 installs its own handler inside `fit()`, over the
+    driver's: a first Ctrl-C aborts the run without a checkpoint. trainlift's (`board.stop_on_signals`) treats
+    SIGINT as it treats SIGTERM: checkpoint at the next step boundary, then stop; a second one stops at once."""
+    if _fallback(SIGNAL_NAMES, "Ray's own SIGINT handler (Ctrl-C aborts the run without a checkpoint)"):
+        return trainer_class
+
+    class TrainerKeepingSigint(trainer_class):
+        def _register_sigint_handler(self, controller) -> None:
+            pass
+
+    TrainerKeepingSigint.__name__ = TrainerKeepingSigint.__qualname__ = trainer_class.__name__
+    return TrainerKeepingSigint
 
 
 def torch_config(backend: str):

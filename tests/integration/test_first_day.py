@@ -1,0 +1,114 @@
+"""What a researcher does on the first day, through the CLI as they run it: Ctrl-C in a terminal, stopping and
+resuming with the command trainlift prints, and running a finished run's command again."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shlex
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+BIN = Path(sys.executable).parent
+
+
+def write_spec(tiny_assets, directory: Path, name: str, **train) -> Path:
+    spec = {"model": {"path": str(tiny_assets / "model")},
+            "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64},
+            "train": {"micro_batch_size": 2, "warmup_steps": 1, **train},
+            "run": {"name": name, "storage": str(directory / "runs")}}
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_ADDRESS": "", "TRAINLIFT_HOME": str(cwd / "home")}
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_run_alone(tiny_assets, tmp_path):
+    spec = write_spec(tiny_assets, tmp_path, "firstday", steps=4)
+    stopped = run([str(BIN / "trainlift"), "train", "job.yaml", "--stop-at-step", "2"], tmp_path)
+    assert stopped.returncode == 3, stopped.stderr
+    advice = re.search(r"resume with: (.+)$", stopped.stderr.strip(), re.M)
+    assert advice and advice.group(1) == "trainlift train job.yaml", stopped.stderr
+
+    resumed = run([str(BIN / "trainlift"), "train", *shlex.split(advice.group(1))[2:], "--json"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["steps"] == 4  # on to train.steps, not one step past the stop
+
+    run_dir = tmp_path / "runs" / "firstday"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    again = run([str(BIN / "trainlift"), "train", str(spec)], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "already finished at step 4" in again.stderr and "--steps" in again.stderr
+    # Byte for byte: summary.json, and driver.log, which every start of Ray adds a header to.
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    json.loads(before["summary.json"], parse_constant=lambda c: pytest.fail(f"summary.json holds {c}"))
+
+
+def read_until(fd: int, pattern: str, timeout_s: float, seen: list[str]) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                seen.append(os.read(fd, 65536).decode(errors="replace"))
+            except OSError:  # the child closed the terminal
+                break
+        found = re.search(pattern, "".join(seen))
+        if found:
+            return found
+    pytest.fail(f"no {pattern!r} within {timeout_s} s; output: {''.join(seen)[-2000:]}")
+
+
+def in_a_terminal(args: list[str], cwd: Path) -> tuple[subprocess.Popen, int]:
+    """`args` as the foreground job of a new pseudo-terminal, as a shell runs it: Ctrl-C on the terminal sends
+    SIGINT to its whole process group."""
+    controller, terminal = pty.openpty()
+
+    def take_the_terminal():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    env = {**os.environ, "RAY_ADDRESS": "", "TRAINLIFT_HOME": str(cwd / "home"), "TERM": "xterm"}
+    proc = subprocess.Popen(args, stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=env,
+                            preexec_fn=take_the_terminal)
+    os.close(terminal)
+    return proc, controller
+
+
+def test_ctrl_c_in_a_terminal_checkpoints_at_the_next_step_and_exits_3(tiny_assets, tmp_path):
+    write_spec(tiny_assets, tmp_path, "ctrlc", steps=400)
+    proc, terminal = in_a_terminal([str(BIN / "trainlift"), "train", "job.yaml", "--progress", "lines",
+                                    "--log-every", "0", "--set", "checkpoint.every_steps=1000"], tmp_path)
+    seen: list[str] = []
+    try:
+        read_until(terminal, r"step ([5-9]|\d\d+)/400", 240, seen)
+        os.write(terminal, b"\x03")  # Ctrl-C: the terminal sends SIGINT to the foreground process group
+        read_until(terminal, r"stopped at step \d+", 120, seen)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(terminal)
+    output = "".join(seen)
+    stopped_at = int(re.search(r"stopped at step (\d+)", output).group(1))
+    assert proc.returncode == 3, output[-2000:]
+    assert "SIGINT: saving a checkpoint at the next step boundary" in output and "Traceback" not in output
+    assert 5 <= stopped_at < 400
+    checkpoints = sorted((tmp_path / "runs" / "ctrlc").glob("checkpoint_0*"))
+    assert checkpoints[-1].name == f"checkpoint_{stopped_at:08d}" and (checkpoints[-1] / "COMPLETE").is_file()
+    summary = json.loads((tmp_path / "runs" / "ctrlc" / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGINT" and not summary["finished"]
