@@ -50,14 +50,21 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
     if not (Path(model_dir) / "config.json").is_file():
         raise UsageError(f"{model_dir}: not an HF model directory (no config.json)",
                          hint="point at <run>/final after `trainlift train`")
+    if not Path(data_file).is_file():
+        raise UsageError(f"--data {data_file}: no such file",
+                         hint="give a JSONL file in the messages or prompt_completion format")
+    for name, value, least in (("--limit", limit, 1), ("--max-new-tokens", max_new_tokens, 1)):
+        if value < least:
+            raise UsageError(f"{name} {value}: must be at least {least}")
     rows = read_jsonl(data_file, _detect_format(data_file))[:limit]
     tokenizer = padding_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
     triples = [_prompt_and_answer(r, tokenizer) for r in rows]
     samples = []
     for start in range(0, len(triples), batch_size):
         chunk = triples[start:start + batch_size]
-        enc = tokenizer([t for t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer([t for t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)

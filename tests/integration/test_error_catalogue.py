@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def ws(tiny_assets, tmp_path_factory):
         "cluster_key": str(root / "cluster_key.yaml"),
         "role_cluster": str(root / "role_cluster.yaml"),
         "s3_run": spec("s3_run.yaml", lambda s: s["run"].update(storage="s3://someone-elses-bucket/runs")),
+        "model_dir": str(shutil.copytree(tiny_assets / "model", root / "model")),
     }
     (root / "bad.jsonl").write_text(json.dumps(CHAT) + "\n{oops\n")
     (root / "nokey.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
@@ -125,6 +127,10 @@ CASES = {
     "lora-rank-zero": lambda f, r: ["train", f["lora_rank"]],
     "lora-unsupported-architecture": lambda f, r: ["train", f["lora_mamba"]],
     "eval-not-a-model": lambda f, r: ["eval", r, "--data", f"{r}/bad.jsonl"],
+    "eval-data-missing": lambda f, r: ["eval", f["model_dir"], "--data", f"{r}/missing.jsonl"],
+    "eval-limit-zero": lambda f, r: ["eval", f["model_dir"], "--data", f"{r}/bad.jsonl", "--limit", "0"],
+    "train-workers-zero": lambda f, r: ["train", f["good"], "--workers", "0"],
+    "doctor-mlflow-uri-with-credentials": lambda f, r: ["doctor", "--mlflow-uri", "https://bob:pw@mlflow.example"],
     "submit-spec-outside-workdir": lambda f, r: ["submit", f["good"], "--working-dir", f"{r}/blocked"],
     "submit-no-address": lambda f, r: ["submit", "good.yaml", "--working-dir", r],
     "submit-bad-env": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env", "MY-VAR=1",

@@ -10,6 +10,7 @@ import pty
 import re
 import select
 import shlex
+import shutil
 import subprocess
 import sys
 import termios
@@ -38,19 +39,26 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_run_alone(tiny_assets, tmp_path):
-    spec = write_spec(tiny_assets, tmp_path, "firstday", steps=4)
-    stopped = run([str(BIN / "trainlift"), "train", "job.yaml", "--stop-at-step", "2"], tmp_path)
+    """The spec's paths are relative to its own directory, and the commands run from another one."""
+    project = tmp_path / "project"
+    shutil.copytree(tiny_assets / "model", project / "model")
+    shutil.copy(tiny_assets / "train.jsonl", project / "train.jsonl")
+    (project / "job.yaml").write_text(yaml.safe_dump({
+        "model": {"path": "model"}, "data": {"train": "train.jsonl", "seq_len": 64},
+        "train": {"steps": 4, "micro_batch_size": 2, "warmup_steps": 1},
+        "run": {"name": "firstday", "storage": "runs"}}))
+    stopped = run([str(BIN / "trainlift"), "train", "project/job.yaml", "--stop-at-step", "2"], tmp_path)
     assert stopped.returncode == 3, stopped.stderr
     advice = re.search(r"resume with: (.+)$", stopped.stderr.strip(), re.M)
-    assert advice and advice.group(1) == "trainlift train job.yaml", stopped.stderr
+    assert advice and advice.group(1) == "trainlift train project/job.yaml", stopped.stderr
 
     resumed = run([str(BIN / "trainlift"), "train", *shlex.split(advice.group(1))[2:], "--json"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["steps"] == 4  # on to train.steps, not one step past the stop
 
-    run_dir = tmp_path / "runs" / "firstday"
+    run_dir = project / "runs" / "firstday"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    again = run([str(BIN / "trainlift"), "train", str(spec)], tmp_path)
+    again = run([str(BIN / "trainlift"), "train", "job.yaml"], project)
     assert again.returncode == 0, again.stderr
     assert "already finished at step 4" in again.stderr and "--steps" in again.stderr
     # Byte for byte: summary.json, and driver.log, which every start of Ray adds a header to.

@@ -85,3 +85,24 @@ def test_reference_job_is_the_published_shape():
     assert spec.model.path == "Qwen/Qwen2.5-1.5B"
     assert (spec.scaling.workers, spec.scaling.device, spec.model.dtype, spec.data.seq_len) == (8, "cuda", "bf16", 2048)
     assert spec.run.storage.startswith("s3://")
+
+
+def test_relative_paths_in_a_spec_file_are_relative_to_it_and_set_values_to_the_current_directory(tmp_path):
+    from trainlift.config.job import load_job_spec
+
+    project = tmp_path / "project"
+    (project / "tok").mkdir(parents=True)
+    (project / "job.yaml").write_text(
+        "model: {path: Qwen/Qwen2.5-1.5B, tokenizer: tok}\n"
+        "data: {train: data/train.jsonl, eval: s3://bucket/eval.jsonl}\nrun: {storage: ../runs}\n")
+    spec = load_job_spec(project / "job.yaml", ["data.eval=local/eval.jsonl"])
+    assert spec.model.path == "Qwen/Qwen2.5-1.5B"  # not a directory there: a hub id
+    assert spec.model.tokenizer == str(project / "tok")
+    assert spec.data.train == str(project / "data" / "train.jsonl")
+    assert spec.data.eval == "local/eval.jsonl"  # from --set: relative to where the command runs
+    assert spec.run.storage == str(project / ".." / "runs")
+
+    (project / "build.yaml").write_text("model: {path: out/model, tokenizer: tok, config: {model_type: qwen2}}\n"
+                                        "data: {train: /abs/train.jsonl}\n")
+    built = load_job_spec(project / "build.yaml")
+    assert built.model.path == str(project / "out" / "model") and built.data.train == "/abs/train.jsonl"

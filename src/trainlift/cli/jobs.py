@@ -82,9 +82,11 @@ def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude
                          hint="run from the project directory or pass --working-dir")
     spec = load_job_spec(spec_path, overrides)
     extra = []
-    if not spec.is_remote_storage and not Path(spec.run.storage).is_absolute():
-        extra.append(f"/{spec.run.storage.strip('/')}/")
-        overrides.append(f"run.storage={root / spec.run.storage}")
+    if not spec.is_remote_storage:  # relative to the spec file, or to here for --set: absolute for the job's copy
+        storage = (Path.cwd() / spec.run.storage).resolve()
+        if storage.is_relative_to(root) and storage != root:
+            extra.append(f"/{storage.relative_to(root).as_posix()}/")
+        overrides.append(f"run.storage={storage}")
     plan = workdir.scan(root, list(exclude) + extra)
     workdir.check_size(plan)
     for name in plan.credentials:

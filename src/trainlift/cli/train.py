@@ -50,7 +50,8 @@ def train(
     else an embedded local Ray (CPU, gloo) stopped at the end. Re-running the
     same run.name resumes from its latest complete checkpoint; a finished run
     is left as it is unless --steps asks for more. Relative paths in the spec
-    are relative to the current directory. Writes
+    file are relative to its directory; in --set values, to the current one.
+    Writes
     <run.storage>/<run.name>/{metrics.jsonl,summary.json,driver.log,final/}.
     """
     from trainlift.ops import ray_output

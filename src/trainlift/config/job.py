@@ -222,7 +222,35 @@ def validate_job_spec(raw: dict[str, Any], source: str = "spec") -> JobSpec:
         raise SpecError(f"{source}: {first_error(exc)}", hint="fix the spec file or pass --set KEY=VALUE") from None
 
 
+def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
+    """The spec file's relative local paths made relative to its directory (the spec reads the same from any
+    directory): data files and run.storage always; model.path, model.tokenizer and a model.config file name when
+    that path exists there (else it is a hub id), model.path also when model.config builds the model there."""
+    def under(value: Any) -> Any:
+        if not isinstance(value, str) or "://" in value or Path(value).expanduser().is_absolute():
+            return value
+        return str(spec_dir / value)
+
+    def under_if_there(value: Any) -> Any:
+        moved = under(value)
+        return moved if moved is not value and Path(moved).exists() else value
+
+    model, data, run = (raw.get(key) if isinstance(raw.get(key), dict) else {} for key in ("model", "data", "run"))
+    for key in ("train", "eval"):
+        if key in data:
+            data[key] = under(data[key])
+    if "storage" in run:
+        run["storage"] = under(run["storage"])
+    builds_here = isinstance(model.get("config"), dict)
+    for key in ("path", "tokenizer", "config"):
+        if key in model:
+            model[key] = under(model[key]) if key == "path" and builds_here else under_if_there(model[key])
+    return raw
+
+
 def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """The spec file with `overrides` (`--set KEY=VALUE`) applied. Relative paths in the file are relative to its
+    directory; in an override, to the current directory."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -234,4 +262,4 @@ def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
         raise SpecError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: the spec must be a YAML mapping with model, data, train, ... sections")
-    return validate_job_spec(apply_overrides(raw, overrides), source=str(path))
+    return validate_job_spec(apply_overrides(relative_to_spec(raw, path.parent), overrides), source=str(path))
