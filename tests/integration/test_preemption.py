@@ -32,7 +32,7 @@ def test_sigterm_checkpoints_exits_3_and_the_rerun_resumes(tiny_assets, tmp_path
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr[-2000:]
-    assert "SIGTERM received" in stderr and "rerun the same command to resume" in stderr
+    assert "SIGTERM received" in stderr and "resume with: trainlift train" in stderr
 
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     stopped_at = max(steps)

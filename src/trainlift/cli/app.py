@@ -41,8 +41,21 @@ def print_json(data: Any) -> None:
 
 def main() -> None:
     """Console-script entry point: user errors become one line and an exit code."""
+    from typer.exceptions import TyperException
+
     try:
-        app()
+        code = app(prog_name="trainlift", standalone_mode=False)
+    except TyperException as exc:  # a mistyped flag, value or argument: one line like every other mistake
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help
+            exc.show()
+            sys.exit(exc.exit_code)
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "trainlift"
+        err_console.print(f"[bold red]error:[/] {escape(exc.format_message())} (see `{command} --help`)",
+                          highlight=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err_console.print("interrupted")
+        sys.exit(130)
     except TrainliftError as exc:
         if _state["debug"]:
             traceback.print_exc()
@@ -51,3 +64,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

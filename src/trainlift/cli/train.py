@@ -32,7 +32,8 @@ def train(
     run_dir: Optional[str] = typer.Option(None, help="Shortcut for --set run.storage=DIR (local path or s3://)."),
     address: Optional[str] = typer.Option(
         None, help="Ray cluster to attach to (default: RAY_ADDRESS, else the `trainlift local up` head, else an embedded local Ray)."),
-    stop_at_step: Optional[int] = typer.Option(None, help="Checkpoint and stop after this step (exit 3); it prints the command that resumes."),
+    stop_at_step: Optional[int] = typer.Option(
+        None, min=1, help="Checkpoint and stop after this step (exit 3); it prints the command that resumes."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Train even when the workers' stack checks fail."),
     progress_mode: str = typer.Option(
         "auto", "--progress", envvar=PROGRESS_ENV, show_envvar=False,

@@ -52,7 +52,8 @@ def prepare_data(spec: JobSpec) -> dict[str, dict]:
 
 def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) -> bool:
     """Attach to a cluster or start an embedded one (forwarding the workers' output to this process with
-    `log_to_driver`); returns whether this call started Ray."""
+    `log_to_driver`); returns whether this call connected this process to Ray (started it or attached), so that
+    the run disconnects at its end: the workers' last lines then stop where the run stops."""
     import ray
 
     if ray.is_initialized():
@@ -69,7 +70,7 @@ def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) 
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
             raise TrainliftError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                                  hint="check the address, or drop --address to run on an embedded local Ray") from None
-        return False
+        return True
     localray.start_in_process(num_cpus, log_to_driver)
     return True
 
@@ -242,7 +243,7 @@ def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
 
     started_at = time.time()
     requested = spec.scaling.max_workers or 1
-    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
+    connected = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
                              log_to_driver=ray_output.forwards_worker_lines())
     output.attach_workers()
     raytrainer.start_autoscaling_coordinator()
@@ -253,5 +254,5 @@ def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
             fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board, output)
         return summarize(spec, board, prepared, started_at)
     finally:
-        if started_ray:
+        if connected:  # stops an embedded Ray; from a cluster it only disconnects
             ray.shutdown()
