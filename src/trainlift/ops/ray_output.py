@@ -28,7 +28,8 @@ OWN_HANDLER = "trainlift_run_log"
 OWN_PREFIX = "trainlift:"  # what the recipe prints for the user: shown even when the rest is quiet
 DRIVER_LOGGERS = ("ray", "py.warnings")
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
-# A Ray log line (`2026-… WARNING file.py:12 -- text`, maybe JSON-free) or a raylet/worker-death notice.
+# Ray's log format (`2026-12-06 01:02:03,456 WARNING file.py:12 -- text`), and the raylet's notices of a worker's
+# death (which carry no level).
 _RAY_WARNING = re.compile(r"\b(?P<level>WARNING|ERROR|CRITICAL)\b\s+\S+\.py:\d+ -- (?P<text>.*)")
 _WORKER_DIED = re.compile(r"(A worker died or was killed.*|.*\bout of memory\b.*|.*\bOOM\b.*)", re.I)
 SHOWN_CHARS = 240
