@@ -249,7 +249,7 @@ def jobs_stop(job_id: str, address: Optional[str] = typer.Option(None, help=ADDR
 
 
 @local_app.command("up")
-def local_up(port: int = typer.Option(8265, help="Dashboard port (loopback only)."),
+def local_up(port: int = typer.Option(8265, min=1, max=65535, help="Dashboard port (loopback only)."),
              num_cpus: Optional[int] = typer.Option(None, help="CPUs Ray may schedule (default: all)."),
              json_out: bool = typer.Option(False, "--json")) -> None:
     """Start a local Ray head; submit and train then use it by default.
