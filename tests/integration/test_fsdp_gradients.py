@@ -14,7 +14,7 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
 
     from trainlift.train.data import examples as data
     from trainlift.train.model.build import load_model, load_tokenizer
-    from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
+    from trainlift.train.recipe import step_batches, token_loss_sum
 
     spec = tiny_spec("train.grad_accum=2")
     out = tmp_path / "fsdp_grads.pt"
@@ -56,7 +56,7 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
     # The global batch of step 1 is the union of both workers' micro-batches.
     both = [step_batches(packed, spec, 0, rank=r, world=2, device=torch.device("cpu")) for r in range(2)]
     flat = [b for rank_batches in both for b in rank_batches]
-    total_tokens = sum(trainable_tokens(b) for b in flat)
+    total_tokens = sum(b["trainable_tokens"] for b in flat)
     loss = sum(token_loss_sum(model, b) for b in flat) / total_tokens
     loss.backward()
 

@@ -123,7 +123,7 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
     from trainlift.train.data import examples as data
     from trainlift.train.model import lora
     from trainlift.train.model.build import load_tokenizer
-    from trainlift.train.recipe import step_batches, token_loss_sum, trainable_tokens
+    from trainlift.train.recipe import step_batches, token_loss_sum
 
     spec = tiny_spec_at(tmp_path, *LORA, "run.name=grads", "train.grad_accum=2")
     out = tmp_path / "lora_grads.pt"
@@ -170,7 +170,7 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
     packed = data.prepare(spec.data.train, spec.data.format, load_tokenizer(spec.model), spec.data.seq_len)
     both = [step_batches(packed, spec, 0, rank=r, world=2, device=torch.device("cpu")) for r in range(2)]
     flat = [b for rank_batches in both for b in rank_batches]
-    loss = sum(token_loss_sum(model, b) for b in flat) / sum(trainable_tokens(b) for b in flat)
+    loss = sum(token_loss_sum(model, b) for b in flat) / sum(b["trainable_tokens"] for b in flat)
     loss.backward()
 
     assert fsdp["loss"] == pytest.approx(loss.item(), rel=1e-6)

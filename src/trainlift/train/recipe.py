@@ -42,14 +42,11 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return factor
 
 
-def trainable_tokens(batch: dict[str, torch.Tensor]) -> int:
-    return int((batch["labels"][:, 1:] != data.IGNORE).sum())
-
-
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The sum over workers, left on the device (float64): reading it is the caller's one host sync."""
+    t = torch.as_tensor(values, dtype=torch.float64).to(device)
     dist.all_reduce(t)
-    return t.tolist()
+    return t
 
 
 def micro_batches_per_step(spec: JobSpec, world: int) -> int:
@@ -70,7 +67,11 @@ def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, wor
 
 
 def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """Tensors onto `device`: from pinned memory and without waiting, on a GPU (the copy overlaps compute)."""
+    if device.type != "cuda":
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
 
 
 def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
@@ -82,44 +83,48 @@ def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
 
 def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0,
                          sync_each: bool = True):
-    """Backward over this worker's micro-batches; returns (global mean loss, global token count, stop votes).
-    The stop vote rides on the token-count all-reduce, so asking every rank costs no collective of its own.
-    Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch reduce-scatters them."""
-    local = [float(sum(trainable_tokens(b) for b in batches)), float(sum(b["num_tokens"] for b in batches)), stop_vote]
+    """Backward over this worker's micro-batches; returns (global mean loss, global token count, stop votes) as
+    device tensors, none read back. The stop vote rides on the token-count all-reduce, so asking every rank costs
+    no collective of its own. Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch
+    reduce-scatters them."""
+    local = [float(sum(b["trainable_tokens"] for b in batches)), float(sum(b["num_tokens"] for b in batches)),
+             stop_vote]
     global_trainable, global_tokens, stop_votes = all_reduce_sum(local, device)
-    loss_sum = 0.0
+    trainable = global_trainable.clamp(min=1.0)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(batches):
         model.set_requires_gradient_sync(sync_each or i == len(batches) - 1)
         loss = token_loss_sum(model, batch)
         # FSDP averages gradients over workers; scale so the result is the global-batch mean.
-        (loss * world / max(global_trainable, 1.0)).backward()
-        loss_sum += loss.item()
-    (total_loss,) = all_reduce_sum([loss_sum], device)
-    return total_loss / max(global_trainable, 1.0), global_tokens, stop_votes
+        (loss * (world / trainable).to(loss.dtype)).backward()
+        loss_sum += loss.detach().double()
+    return all_reduce_sum(loss_sum, device) / trainable, global_tokens, stop_votes
 
 
 def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
                stop_vote: float = 0.0, sync_each: bool = True):
-    """One optimizer step; returns (loss, grad_norm, global tokens, whether any rank voted to stop)."""
+    """One optimizer step; returns (loss, grad_norm, global tokens, whether any rank voted to stop), read from the
+    device once, after the optimizer step is queued: the step's only host sync."""
     loss, tokens, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss, float(grad_norm), tokens, stop_votes > 0
+    loss, grad_norm, tokens, stop_votes = torch.stack([loss, grad_norm.double(), tokens, stop_votes]).tolist()
+    return loss, grad_norm, tokens, stop_votes > 0
 
 
 @torch.no_grad()
 def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
     model.eval()
-    loss_sum, count = 0.0, 0
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
     for batch in batches:
         batch = to_device(batch or dummy, device)
-        loss_sum += token_loss_sum(model, batch).item()
-        count += trainable_tokens(batch)
+        loss_sum += token_loss_sum(model, batch).detach().double()
+        count += batch["trainable_tokens"]
     model.train()
-    total, tokens = all_reduce_sum([loss_sum, float(count)], device)
+    total, tokens = all_reduce_sum(torch.stack([loss_sum, loss_sum.new_tensor(float(count))]), device).tolist()
     return total / max(tokens, 1.0)
 
 

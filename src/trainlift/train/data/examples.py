@@ -262,12 +262,15 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
 
 
 def collate(rows: list[dict]) -> dict:
-    """Tensors for the model plus `num_tokens`, the count of real (non-padding) tokens."""
+    """Tensors for the model plus two counts, taken here on the host so the training step need not read them back
+    from the device: `num_tokens`, real (non-padding) tokens, and `trainable_tokens`, tokens whose next-token
+    label is trained on."""
     import torch  # here, not at import: the driver builds the data cache without torch
 
-    batch = {k: torch.from_numpy(np.stack([np.asarray(r[k]) for r in rows])).long()
-             for k in ("input_ids", "labels", "position_ids")}
+    arrays = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in ("input_ids", "labels", "position_ids")}
+    batch = {k: torch.from_numpy(a).long() for k, a in arrays.items()}
     batch["num_tokens"] = int(sum(r.get("num_tokens", len(r["input_ids"])) for r in rows))
+    batch["trainable_tokens"] = int((arrays["labels"][:, 1:] != IGNORE).sum())
     return batch
 
 

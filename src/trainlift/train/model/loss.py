@@ -18,7 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from trainlift.train.data.examples import IGNORE
 
-CHUNK_ELEMENTS = 2**25  # logits per chunk: 128 MiB in fp32
+CHUNK_ELEMENTS = 2**25  # logits per chunk on the CPU: 128 MiB in fp32
+GPU_CHUNK_TOKENS = 1024  # tokens per chunk on a GPU: matmuls of whole tiles (0.6 GB of fp32 logits at a 152k vocabulary)
 
 
 def plain_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -35,12 +36,12 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor,
                            chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """The same sum as `plain_token_loss_sum(head(hidden), labels)`, one chunk of tokens at a time."""
+    """The same sum as `plain_token_loss_sum(head(hidden), labels)`, one chunk of tokens at a time. Every position
+    goes through the head, the ignored ones too (cross_entropy's ignore_index drops them): selecting the trained
+    ones would read the labels back from the device and give the chunks data-dependent shapes."""
     hidden = hidden[:, :-1].reshape(-1, hidden.size(-1))
     targets = labels[:, 1:].reshape(-1)
-    keep = targets != IGNORE
-    hidden, targets = hidden[keep], targets[keep]
-    chunk = max(1, chunk_elements // head.weight.size(0))
+    chunk = GPU_CHUNK_TOKENS if hidden.is_cuda else max(1, chunk_elements // head.weight.size(0))
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, targets.numel(), chunk):
         part = slice(start, start + chunk)
