@@ -6,26 +6,13 @@ counted), on a one-process gloo group."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 
 SRC = str(Path(__file__).resolve().parents[2] / "src" / "trainlift")
 READS = ("item", "tolist", "__float__", "__int__", "__bool__")
-
-
-@pytest.fixture
-def one_process_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def tiny_fsdp_model():
@@ -64,7 +51,7 @@ def counting_reads(monkeypatch) -> list[str]:
     return calls
 
 
-def test_a_training_step_reads_the_device_once(one_process_group, monkeypatch):
+def test_a_training_step_reads_the_device_once(single_process_group, monkeypatch):
     from trainlift.train.data.examples import collate
     from trainlift.train.recipe import train_step
 

@@ -122,19 +122,21 @@ def test_checkpoint_key_names_base_weights_as_the_hf_files_do_and_skips_adapters
         f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{ab}.default.weight" for i in (0, 1) for ab in "AB"]
 
 
-def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed():
+def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed(monkeypatch):
     """peft on the meta device, then storage and `init_adapters`: A Kaiming-uniform within peft's bound
     (1/sqrt(fan_in) for a=sqrt(5)), B zero; the same seed gives the same A, and the global RNG is untouched."""
     section = spec(lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}).model.lora
 
     def initialised(seed):
         model = lora.apply(qwen2("meta"), section).to_empty(device="cpu")
-        lora.init_adapters(model, seed)
+        rng = torch.get_rng_state()
+        with monkeypatch.context() as patched:  # torch.manual_seed would reseed every GPU's generator too
+            patched.setattr(torch, "manual_seed", lambda seed: pytest.fail("a GPU generator was reseeded"))
+            lora.init_adapters(model, seed)
+        assert torch.equal(torch.get_rng_state(), rng)
         return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
-    rng = torch.get_rng_state()
     first, again, other = initialised(0), initialised(0), initialised(1)
-    assert torch.equal(torch.get_rng_state(), rng)
     assert len(first) == 8 and first.keys() == again.keys()
     for name, tensor in first.items():
         assert torch.equal(tensor, again[name]), name
@@ -145,13 +147,17 @@ def test_adapters_on_a_meta_model_are_initialised_as_peft_does_from_the_seed():
             assert not torch.equal(tensor, other[name]), name
 
 
-def test_random_init_of_an_adapted_model_draws_the_base_weights_as_without_adapters():
+def test_random_init_of_an_adapted_model_draws_the_base_weights_as_without_adapters(monkeypatch):
     """model.config with model.lora: `weights.init_random` skips the adapter modules, so the base weights are the
     ones the same seed gives without LoRA."""
     from trainlift.train.model import weights
 
     plain = qwen2("meta").to_empty(device="cpu")
-    weights.init_random(plain, 7)
+    rng = torch.get_rng_state()
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "manual_seed", lambda seed: pytest.fail("a GPU generator was reseeded"))
+        weights.init_random(plain, 7)
+    assert torch.equal(torch.get_rng_state(), rng)
     adapted = lora.apply(qwen2("meta"), spec(lora={"r": 4}).model.lora).to_empty(device="cpu")
     weights.init_random(adapted, 7, lora.checkpoint_key)
     expected = plain.state_dict()

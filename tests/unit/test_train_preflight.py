@@ -33,3 +33,11 @@ def test_socket_fallback_when_efa_expected_stops_the_run(tmp_path):
 def test_any_fabric_accepts_sockets(tmp_path):
     fallback = next(p.name for p in LOGS.glob("*.log") if p.name.startswith("socket"))
     assert check_transport(plant(tmp_path, fallback), "any") == "socket"
+
+
+def test_gpu_workers_get_expandable_allocator_segments_unless_the_driver_sets_its_own():
+    from trainlift.train.launch import allocator_env
+
+    assert allocator_env(True, {}) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert allocator_env(True, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {}
+    assert allocator_env(False, {}) == {}

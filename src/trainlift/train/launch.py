@@ -144,7 +144,16 @@ def prepare(spec: JobSpec, started_at: float) -> Prepared:
         nccl_log_prefix = f"/tmp/trainlift-nccl-{spec.run.name}-{int(started_at)}"
         nccl_env = nccl_log_env(nccl_log_prefix)
     forget_ray_checkpoint_list(spec)
-    return Prepared(data_cache, scaling, use_gpu, nccl_log_prefix, {**nccl_env, **trackers.worker_env()})
+    return Prepared(data_cache, scaling, use_gpu, nccl_log_prefix,
+                    {**nccl_env, **allocator_env(use_gpu, os.environ), **trackers.worker_env()})
+
+
+def allocator_env(use_gpu: bool, environ) -> dict[str, str]:
+    """On GPUs, PyTorch's allocator with expandable segments: packed rows and chunked losses allocate sizes that
+    vary from step to step, which fragment fixed segments. A setting in the driver's environment is kept."""
+    if not use_gpu or "PYTORCH_CUDA_ALLOC_CONF" in environ:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def build_trainer(spec: JobSpec, prepared: Prepared, board, train_loop: Callable[[dict], None] | None,

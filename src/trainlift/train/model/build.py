@@ -51,8 +51,8 @@ def load_model(model_spec, seed: int) -> torch.nn.Module:
 
 def random_model(config: dict[str, Any] | str, tokenizer, seed: int) -> torch.nn.Module:
     """The whole model from `config`, initialised as transformers does under `seed`."""
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(build_config(config, tokenizer))
+    with weights.cpu_seeded(seed):
+        return AutoModelForCausalLM.from_config(build_config(config, tokenizer))
 
 
 def sharded_config(model_spec) -> PretrainedConfig:
@@ -101,6 +101,11 @@ def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activat
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or head.weight is not embedding.weight:
+        # Its own group: the root's all-gather (first in forward) and reduce-scatter (last in backward) have
+        # nothing to overlap with; a tied embedding stays in the root with the head that shares its weight.
+        fully_shard(embedding, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 

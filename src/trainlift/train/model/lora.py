@@ -27,7 +27,7 @@ import torch.distributed as dist
 from trainlift.config.job import LoraSection
 from trainlift.errors import SpecError, UsageError
 from trainlift.train.model.export import WeightSource, full_tensor
-from trainlift.train.model.weights import copy_shard, tied_aliases
+from trainlift.train.model.weights import copy_shard, cpu_seeded, tied_aliases
 
 ADAPTER = "default"  # peft's name for the one adapter a run trains
 PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's own parameter names
@@ -65,8 +65,7 @@ def init_adapters(model: torch.nn.Module, seed: int) -> None:
     """peft's initial adapters: `lora_A` Kaiming-uniform (a=sqrt(5)), `lora_B` zero, so training starts from the
     base model itself. Each A is drawn whole, in a fixed order, on every rank from `seed`, and each rank keeps its
     shard: the same adapters at any world size. The global RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with cpu_seeded(seed):
         for name, param in model.named_parameters():
             if f".lora_A.{ADAPTER}." in name:
                 full = torch.empty(param.shape, dtype=param.dtype)

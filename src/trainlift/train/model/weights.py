@@ -14,6 +14,7 @@ the local cache first).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from pathlib import Path
@@ -119,8 +120,20 @@ def init_random(model: torch.nn.Module, seed: int, checkpoint_key: CheckpointKey
     module's full tensors are drawn in a fixed order on every rank, one module at a time, and each rank keeps
     only its shard of them. Modules whose parameters `checkpoint_key` maps to None are skipped, so added
     modules (adapters) leave the base model's draws as they are without them."""
-    generator_state = torch.get_rng_state()
-    torch.manual_seed(seed)
+    with cpu_seeded(seed):
+        _init_module_by_module(model, checkpoint_key)
+
+
+@contextlib.contextmanager
+def cpu_seeded(seed: int):
+    """The CPU generator seeded with `seed` and restored afterwards. Full tensors are drawn on the CPU, so the GPUs'
+    generators are left alone (`torch.manual_seed` would reseed them all, the same on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield
+
+
+def _init_module_by_module(model: torch.nn.Module, checkpoint_key: CheckpointKey) -> None:
     seen: set[int] = set()
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
@@ -140,7 +153,6 @@ def init_random(model: torch.nn.Module, seed: int, checkpoint_key: CheckpointKey
                 module._parameters[name] = param
         for name, param in own.items():
             copy_shard(param, full[name].data)
-    torch.set_rng_state(generator_state)
 
 
 def copy_shard(param: torch.Tensor, full: torch.Tensor) -> None:
