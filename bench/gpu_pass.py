@@ -168,7 +168,7 @@ def metric_rows(run_path: str) -> list[dict]:
     return [row for row in map(json.loads, lines) if "step_time_s" in row]
 
 
-def recipe_run(w, model, optimizer, scheduler, train_data, fpt: float, eval_data=None) -> dict:
+def recipe_run(w, model, optimizer, scheduler, train_data, fpt, eval_data=None) -> dict:
     """recipe.train from step 0, driven as train_loop_per_worker drives it less what needs Ray: no progress
     board, and no evaluation or checkpoint boundaries inside the loop (those report to Ray Train)."""
     from trainlift.train import recipe
@@ -319,16 +319,18 @@ def compile_counts(compiled: bool) -> dict:
             "dynamo_graph_breaks": sum(counters["graph_break"].values())}
 
 
-def throughput(rows: list[dict], warmup: int, fpt: float, peak: float | None) -> dict:
+def throughput(rows: list[dict], warmup: int, peak: float | None) -> dict:
     """Over the steps after `warmup`, from the recipe's own metrics rows: tokens are the real (non-padding)
-    tokens of a step, as the recipe counts them."""
+    tokens of a step, as the recipe counts them, and FLOPs per token the step's own (attention over the packed
+    examples' lengths, not the row's)."""
     from trainlift.train.run import metrics
 
     timed = rows[warmup:]
     tokens_per_s = sum(r["tokens"] for r in timed) / sum(r["step_time_s"] for r in timed)
+    fpt = sum(r["tokens"] * r["flops_per_token"] for r in timed) / sum(r["tokens"] for r in timed)
     return {"step_s": statistics.median(r["step_time_s"] for r in timed), "first_step_s": rows[0]["step_time_s"],
             "tokens_per_step": statistics.median(r["tokens"] for r in timed), "tokens_per_s": tokens_per_s,
-            "mfu": metrics.mfu(tokens_per_s, fpt, peak), "losses": [r["loss"] for r in rows]}
+            "flops_per_token": fpt, "mfu": metrics.mfu(tokens_per_s, fpt, peak), "losses": [r["loss"] for r in rows]}
 
 
 def measure(ctx: Pass, micro_batch: int, ac: bool, compiled: bool, lora: dict | None) -> dict:
@@ -345,8 +347,8 @@ def measure(ctx: Pass, micro_batch: int, ac: bool, compiled: bool, lora: dict | 
     compiled_layers = compile_layers(model, ctx.sizes.compile_backend) if compiled else 0
     optimizer, scheduler = recipe.build_optimizer(model, w)
     run = recipe_run(w, model, optimizer, scheduler, synthetic_packed(ctx), fpt)
-    result = throughput(run["rows"], ctx.sizes.warmup, fpt, metrics.device_peak_flops(ctx.device))
-    return {**result, "build_s": build_s, "flops_per_token": fpt, "peak_memory_gib": peak_memory_gib(ctx.device),
+    result = throughput(run["rows"], ctx.sizes.warmup, metrics.device_peak_flops(ctx.device))
+    return {**result, "build_s": build_s, "peak_memory_gib": peak_memory_gib(ctx.device),
             "compiled_layers": compiled_layers, **compile_counts(compiled)}
 
 

@@ -62,7 +62,8 @@ def test_a_training_step_reads_the_device_once(single_process_group, monkeypatch
     batches = [collate(rows[:2]), collate(rows[2:])]  # two micro-batches
     train_step(model, optimizer, scheduler, batches, 1.0, 1, torch.device("cpu"))  # warm-up
     reads = counting_reads(monkeypatch)
-    loss, grad_norm, tokens, stop = train_step(model, optimizer, scheduler, batches, 1.0, 1, torch.device("cpu"))
+    result = train_step(model, optimizer, scheduler, batches, 1.0, 1, torch.device("cpu"))
     assert len(reads) == 1, reads
     assert reads[0].startswith("tolist in recipe.py")
-    assert tokens == 64 and loss > 0 and grad_norm > 0 and stop is False
+    assert result.tokens == 64 and result.loss > 0 and result.grad_norm > 0 and result.stop is False
+    assert result.attended == 4 * (8 ** 2 + 8 ** 2)  # two 8-token examples a row: MFU's attention term

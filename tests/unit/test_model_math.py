@@ -18,6 +18,28 @@ def test_flops_per_token_matches_the_published_qwen25_figure():
     assert flops_per_token(model, 2048) == pytest.approx(10.3e9, rel=0.01)
 
 
+def test_packed_rows_count_attention_over_each_example_not_the_whole_row():
+    """Four 512-token examples packed in a 2048-token row attend to 512 positions each, not 2048: charging the
+    row length would overstate Qwen2.5-1.5B's FLOPs per token, and so MFU, by about 10%."""
+    import numpy as np
+
+    from trainlift.train.data.examples import attended_pairs
+    from trainlift.train.model.build import step_flops
+
+    row = np.array(list(range(512)) * 4)
+    assert attended_pairs(row) == 4 * 512 ** 2 and attended_pairs(np.arange(2048)) == 2048 ** 2
+    with torch.device("meta"):
+        flops = step_flops(AutoModelForCausalLM.from_config(QWEN25_15B))
+    packed, whole = flops.per_token(attended_pairs(row) / 2048), flops.per_token(2048)
+    assert whole == flops_per_token_of(QWEN25_15B, 2048)
+    assert 1.08 < whole / packed < 1.12
+
+
+def flops_per_token_of(config, seq_len):
+    with torch.device("meta"):
+        return flops_per_token(AutoModelForCausalLM.from_config(config), seq_len)
+
+
 def test_decoder_layers_are_found_from_the_model_declaration():
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -16,7 +16,7 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from trainlift.config.job import JobSpec
 from trainlift.train.data import cache as datacache, examples as data
 from trainlift.train.model import export, lora, weights
-from trainlift.train.model.build import apply_fsdp, fill_weights, flops_per_token, load_tokenizer, sharded_config
+from trainlift.train.model.build import StepFlops, apply_fsdp, fill_weights, load_tokenizer, sharded_config, step_flops
 from trainlift.train.model.loss import token_loss_sum
 from trainlift.train.run import checkpoint, metrics, preflight, trackers
 
@@ -83,13 +83,13 @@ def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
 
 def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0,
                          sync_each: bool = True):
-    """Backward over this worker's micro-batches; returns (global mean loss, global token count, stop votes) as
-    device tensors, none read back. The stop vote rides on the token-count all-reduce, so asking every rank costs
+    """Backward over this worker's micro-batches; returns (global mean loss, global [tokens, attended pairs], stop
+    votes) as device tensors, none read back. The stop vote rides on the token-count all-reduce, so asking every rank costs
     no collective of its own. Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch
     reduce-scatters them."""
     local = [float(sum(b["trainable_tokens"] for b in batches)), float(sum(b["num_tokens"] for b in batches)),
-             stop_vote]
-    global_trainable, global_tokens, stop_votes = all_reduce_sum(local, device)
+             float(sum(b["attended_pairs"] for b in batches)), stop_vote]
+    global_trainable, global_tokens, global_attended, stop_votes = all_reduce_sum(local, device)
     trainable = global_trainable.clamp(min=1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(batches):
@@ -98,21 +98,33 @@ def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vo
         # FSDP averages gradients over workers; scale so the result is the global-batch mean.
         (loss * (world / trainable).to(loss.dtype)).backward()
         loss_sum += loss.detach().double()
-    return all_reduce_sum(loss_sum, device) / trainable, global_tokens, stop_votes
+    return all_reduce_sum(loss_sum, device) / trainable, torch.stack([global_tokens, global_attended]), stop_votes
+
+
+class StepResult(NamedTuple):
+    """A step's figures over all workers: mean loss, gradient norm, real tokens, Σ s² over packed examples, and
+    whether any worker voted to stop."""
+
+    loss: float
+    grad_norm: float
+    tokens: float
+    attended: float
+    stop: bool
 
 
 def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
-               stop_vote: float = 0.0, sync_each: bool = True):
-    """One optimizer step; returns (loss, grad_norm, global tokens, whether any rank voted to stop), read from the
-    device once, after the optimizer step is queued: the step's only host sync."""
-    loss, tokens, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
+               stop_vote: float = 0.0, sync_each: bool = True) -> StepResult:
+    """One optimizer step; its figures are read from the device once, after the optimizer step is queued: the
+    step's only host sync."""
+    loss, counts, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss, grad_norm, tokens, stop_votes = torch.stack([loss, grad_norm.double(), tokens, stop_votes]).tolist()
-    return loss, grad_norm, tokens, stop_votes > 0
+    loss, grad_norm, tokens, attended, votes = torch.cat(
+        [loss.reshape(1), grad_norm.double().reshape(1), counts, stop_votes.reshape(1)]).tolist()
+    return StepResult(loss, grad_norm, tokens, attended, votes > 0)
 
 
 @torch.no_grad()
@@ -201,14 +213,14 @@ class Worker:
 
 
 def build_model(w: Worker):
-    """The model built on the meta device, sharded, then filled; returns (model, its config, FLOPs per token).
+    """The model built on the meta device, sharded, then filled; returns (model, its config, its `StepFlops`).
     With model.lora, peft adds the adapters before sharding and freezes the base weights."""
     lora_section = w.spec.model.lora
     model = weights.empty_model(sharded_config(w.spec.model))
-    model_config, fpt = model.config, flops_per_token(model, w.spec.data.seq_len)
+    model_config, fpt = model.config, step_flops(model)
     if lora_section is not None:
         model = lora.apply(model, lora_section)
-        fpt = lora.flops_per_token(fpt, model)
+        fpt = StepFlops(lora.flops_per_token(fpt.base, model), fpt.attention)
         if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
     model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing)
@@ -232,12 +244,12 @@ class RunLog:
     """Where the run's numbers go: metrics.jsonl and the trackers (rank 0), the driver's progress board (at most
     every BOARD_POST_INTERVAL_S), and the throughput over the steps after the first one of this (re)start."""
 
-    def __init__(self, w: Worker, board, step: int, fpt: float):
+    def __init__(self, w: Worker, board, step: int, fpt: StepFlops):
         self.w, self.fpt, self.first_step = w, fpt, step
         self.board = board if w.rank == 0 else None
         self.sink = trackers.open_sink(w.spec, w.fs, w.run_path, step) if w.rank == 0 else metrics.NullSink()
         self.peak = metrics.device_peak_flops(w.device)
-        self.timed_tokens, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0
+        self.timed_tokens, self.timed_flops, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0, 0.0
 
     def started(self, step: int, resumed_from: str | None, param_counts: dict[str, int]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
@@ -249,13 +261,15 @@ class RunLog:
         if self.board is not None:
             self.board.update.remote(row)
 
-    def stepped(self, step: int, loss: float, lr: float, grad_norm: float, tokens: float, step_time: float,
-                last: bool) -> None:
+    def stepped(self, step: int, result: "StepResult", lr: float, step_time: float, last: bool) -> None:
+        tokens = result.tokens
+        fpt = self.fpt.per_token(result.attended / max(tokens, 1.0))
         if step > self.first_step + 1:  # the first step after (re)start carries warm-up costs
             self.timed_tokens, self.timed_seconds = self.timed_tokens + tokens, self.timed_seconds + step_time
-        row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world": self.w.world,
-               "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time,
-               "mfu": metrics.mfu(tokens / step_time / self.w.world, self.fpt, self.peak), "time": time.time()}
+            self.timed_flops += tokens * fpt
+        row = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "world": self.w.world,
+               "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time, "flops_per_token": fpt,
+               "mfu": metrics.mfu(tokens / step_time / self.w.world, fpt, self.peak), "time": time.time()}
         self.sink.write(row)
         if last or time.monotonic() >= self.post_at:
             self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})
@@ -263,10 +277,11 @@ class RunLog:
 
     def throughput(self, step: int) -> dict:
         tokens_per_s = self.timed_tokens / self.timed_seconds if self.timed_seconds else None
+        fpt = self.timed_flops / self.timed_tokens if self.timed_tokens else None
         return {"tokens_per_s": tokens_per_s,
                 "step_time_s": self.timed_seconds / max(1, step - self.first_step - 1) if self.timed_seconds else None,
-                "mfu": metrics.mfu(tokens_per_s / self.w.world, self.fpt, self.peak) if tokens_per_s else None,
-                "flops_per_token": self.fpt}
+                "mfu": metrics.mfu(tokens_per_s / self.w.world, fpt, self.peak) if tokens_per_s else None,
+                "flops_per_token": fpt}
 
     def close(self, summary: dict) -> None:
         self.sink.close(summary)
@@ -303,12 +318,12 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
     while step < spec.train.steps:
         t0 = time.perf_counter()
         batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
-        loss, grad_norm, tokens, stop_requested = train_step(model, optimizer, scheduler, batches,
-                                                             spec.train.max_grad_norm, w.world, w.device,
-                                                             stop_requests.vote(), sync_every_micro_batch(spec, w.device))
+        result = train_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, w.world, w.device,
+                            stop_requests.vote(), sync_every_micro_batch(spec, w.device))
+        loss = result.loss
         step, cursor = step + 1, cursor + rows_per_step
-        stopping = (stop_at is not None and step >= stop_at) or stop_requested
-        log.stepped(step, loss, scheduler.get_last_lr()[0], grad_norm, tokens, time.perf_counter() - t0,
+        stopping = (stop_at is not None and step >= stop_at) or result.stop
+        log.stepped(step, result, scheduler.get_last_lr()[0], time.perf_counter() - t0,
                     last=stopping or step == spec.train.steps)
         boundary_metrics = {"step": step, "loss": loss}
         if every_eval and step % every_eval == 0 and step < spec.train.steps:

@@ -271,7 +271,18 @@ def collate(rows: list[dict]) -> dict:
     batch = {k: torch.from_numpy(a).long() for k, a in arrays.items()}
     batch["num_tokens"] = int(sum(r.get("num_tokens", len(r["input_ids"])) for r in rows))
     batch["trainable_tokens"] = int((arrays["labels"][:, 1:] != IGNORE).sum())
+    batch["attended_pairs"] = sum(attended_pairs(row) for row in arrays["position_ids"])
     return batch
+
+
+def attended_pairs(position_ids: np.ndarray) -> int:
+    """Σ s² over the packed examples of a row (each starts at position 0): a token of an example of length s
+    attends to s positions, so this over the tokens is the row's mean attended length, for FLOPs."""
+    starts = np.flatnonzero(position_ids == 0)
+    if not starts.size or starts[0] != 0:
+        starts = np.concatenate([[0], starts])
+    lengths = np.diff(np.append(starts, len(position_ids)))
+    return int((lengths ** 2).sum())
 
 
 def eval_batches(packed: Packed, rank: int, world: int, micro_batch: int) -> list[dict[str, torch.Tensor] | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,30 @@ def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activat
     return model
 
 
-def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
-    """6·N_non-embedding + 12·L·H·Q·T, plus 6·V·d for a tied LM head (PaLM appendix B). Call before sharding."""
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per token of a training step (PaLM appendix B): `base`, 6·N_non-embedding plus 6·V·d for a tied
+    LM head, and `attention`, 12·L·H·Q per position the token attends to. A token of a packed example of
+    length s attends to s positions, so a step's figure uses the token-weighted mean of s, not the row length."""
+
+    base: float
+    attention: float
+
+    def per_token(self, attended_positions: float) -> float:
+        return self.base + self.attention * attended_positions
+
+
+def step_flops(model: torch.nn.Module) -> StepFlops:
+    """Call before sharding."""
     config = model.config
     embedding = model.get_input_embeddings().weight.numel()
     non_embedding = sum(p.numel() for p in model.parameters()) - embedding
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    attention = 12 * config.num_hidden_layers * heads * head_dim * seq_len
     tied_head = 6 * embedding if getattr(config, "tie_word_embeddings", False) else 0
-    return float(6 * non_embedding + attention + tied_head)
+    return StepFlops(float(6 * non_embedding + tied_head), float(12 * config.num_hidden_layers * heads * head_dim))
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """FLOPs per token of a step on unpacked rows of `seq_len` tokens. Call before sharding."""
+    return step_flops(model).per_token(seq_len)

@@ -137,8 +137,9 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 def flops_per_token(full_fine_tuning: float, model: torch.nn.Module) -> float:
-    """FLOPs per token of a LoRA step, from full fine-tuning's: a frozen weight still costs its forward and
-    input-gradient matmuls (4 per weight) but no weight gradient (the other 2); adapters cost the full 6."""
+    """FLOPs per token of a LoRA step, from full fine-tuning's (the parameter part: attention's own matmuls are the
+    same either way): a frozen weight still costs its forward and input-gradient matmuls (4 per weight) but no
+    weight gradient (the other 2); adapters cost the full 6."""
     counts = parameter_counts(model)
     embedding = model.get_input_embeddings().weight.numel()
     tied = getattr(model.config, "tie_word_embeddings", False)
