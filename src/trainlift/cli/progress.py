@@ -61,7 +61,8 @@ class ProgressLines:
         if event == "start" and self.mode != "json" and (row["step"], row.get("time")) != self.last_start:
             self.last_start = (row["step"], row.get("time"))  # the board repeats its latest row until the next
             note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
-            self._print(f"{note} on {row['world']} workers{trainable_note(row)}")
+            attention = f", attention {row['attention']}" if row.get("attention") else ""
+            self._print(f"{note} on {row['world']} workers{attention}{trainable_note(row)}")
         if event != "step" or row["step"] == self.last_step:
             return
         self.last_step = row["step"]

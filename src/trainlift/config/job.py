@@ -50,6 +50,9 @@ class ModelSection(_Section):
     )
     tokenizer: str | None = Field(None, description="Tokenizer directory or hub id; default: model.path.")
     activation_checkpointing: bool = False
+    attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
+        "auto", description="Attention kernel. auto: flash_attention_2 on a GPU with flash-attn installed (packed "
+        "examples by their position ids), else flex_attention on a GPU (a block mask, no dense one), else sdpa.")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
     lora: LoraSection | None = Field(None, description="Train LoRA adapters instead of every weight (absent: full fine-tuning).")
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from trainlift.config.job import JobSpec
 from trainlift.train.data import cache as datacache, examples as data
 from trainlift.train.model import export, lora, weights
-from trainlift.train.model.build import StepFlops, apply_fsdp, fill_weights, load_tokenizer, sharded_config, step_flops
+from trainlift.train.model.build import (StepFlops, apply_fsdp, attention_implementation, fill_weights, load_tokenizer,
+                                         sharded_config, step_flops)
 from trainlift.train.model.loss import token_loss_sum
 from trainlift.train.run import checkpoint, metrics, preflight, trackers
 
@@ -216,7 +217,8 @@ def build_model(w: Worker):
     """The model built on the meta device, sharded, then filled; returns (model, its config, its `StepFlops`).
     With model.lora, peft adds the adapters before sharding and freezes the base weights."""
     lora_section = w.spec.model.lora
-    model = weights.empty_model(sharded_config(w.spec.model))
+    attention = attention_implementation(w.spec.model.attn_implementation, w.device)
+    model = weights.empty_model(sharded_config(w.spec.model), attention)
     model_config, fpt = model.config, step_flops(model)
     if lora_section is not None:
         model = lora.apply(model, lora_section)
@@ -251,9 +253,9 @@ class RunLog:
         self.peak = metrics.device_peak_flops(w.device)
         self.timed_tokens, self.timed_flops, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0, 0.0
 
-    def started(self, step: int, resumed_from: str | None, param_counts: dict[str, int]) -> dict:
+    def started(self, step: int, resumed_from: str | None, facts: dict[str, Any]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
-               "world": self.w.world, "time": time.time(), **param_counts}
+               "world": self.w.world, "time": time.time(), **facts}
         self.sink.write(row)  # marks the (re)start for `trainlift report`
         return row
 
@@ -365,7 +367,7 @@ def train_loop_per_worker(config: dict) -> None:
     tokenizer = functools.cache(lambda: load_tokenizer(spec.model))  # the driver built the data cache: load it late
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
     model, model_config, fpt = build_model(w)
-    param_counts = lora.parameter_counts(model)
+    facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation}
     optimizer, scheduler = build_optimizer(model, w)
     step, cursor, resumed_from = resume(w.fs, w.run_path, model, optimizer, scheduler, w.rank)
     dist.barrier()
@@ -374,7 +376,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     log = RunLog(w, config.get("board"), step, fpt)
     evaluator = Evaluator(model, eval_data, w, log)
-    start_row = log.started(step, resumed_from, param_counts)
+    start_row = log.started(step, resumed_from, facts)
     initial_eval = evaluator(step) if step == 0 else None
     log.post(start_row)
     step, loss, last_eval = train(w, model, optimizer, scheduler, train_data, step, cursor, evaluator, log,
@@ -388,4 +390,4 @@ def train_loop_per_worker(config: dict) -> None:
     log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
                "eval_loss": eval_loss,
                **log.throughput(step), "world_size": w.world, "resumed_from": resumed_from, "device": w.device.type,
-               "truncated_examples": train_data.truncated, **param_counts})
+               "truncated_examples": train_data.truncated, **facts})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,18 @@ def sharded_config(model_spec) -> PretrainedConfig:
     if model_spec.path is not None:
         return weights.config_of(str(weights.local_model_dir(model_spec.path)))
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
+
+
+def attention_implementation(choice: str, device: torch.device) -> str:
+    """`model.attn_implementation` for `device`. Packed rows restart their position ids at each example, and
+    every kernel here keeps the examples apart; auto picks the one without a dense [batch, 1, seq, seq] mask
+    where that mask costs: on a GPU, flash-attn's variable-length kernel when installed, else flex attention's
+    block mask. On a CPU, sdpa (its dense mask is small at CPU sizes; flex attention compiles for half a minute)."""
+    if choice != "auto":
+        return choice
+    if device.type == "cuda":
+        return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
+    return "sdpa"
 
 
 def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device,

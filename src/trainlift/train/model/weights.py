@@ -35,10 +35,10 @@ def same_key(name: str) -> str:
     return name
 
 
-def empty_model(config: PretrainedConfig) -> torch.nn.Module:
+def empty_model(config: PretrainedConfig, attn_implementation: str | None = None) -> torch.nn.Module:
     """The model's structure on the meta device: parameters have shapes and dtypes but no storage."""
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
 def config_of(model_path: str) -> PretrainedConfig:
