@@ -41,7 +41,7 @@ TRAINLIFT_PHASES = [
     ("worker: build the model (meta init, FSDP2 wrap, fill the shards)", "build_model start", "build_model end"),
     ("worker: optimizer, resume check, barrier, metrics sink", "build_model end", "evaluate start"),
     ("worker: initial evaluation (step 0 eval_loss)", "evaluate start", "evaluate end"),
-    ("worker: first step (batch, forward, backward, optimizer)", "train_step start", "first step"),
+    ("worker: first step (batch, forward, backward, optimizer)", "step_batches start", "first step"),
 ]
 TORCHRUN_PHASES = [
     ("torchrun agent start-up until the workers are spawned", None, "worker created"),

@@ -27,14 +27,14 @@ def reporting_every_step(config: dict) -> None:
 
     from trainlift.train import recipe
 
-    train_step = recipe.train_step
+    read_step = recipe.read_step
 
-    def train_step_and_report(*args, **kwargs):
-        result = train_step(*args, **kwargs)
-        ray.train.report({"loss": result[0]})
+    def read_step_and_report(*args, **kwargs):
+        result = read_step(*args, **kwargs)
+        ray.train.report({"loss": result.loss})
         return result
 
-    recipe.train_step = train_step_and_report
+    recipe.read_step = read_step_and_report
     recipe.train_loop_per_worker(config)
 
 

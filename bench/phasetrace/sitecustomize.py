@@ -17,7 +17,7 @@ LOG = os.environ.get("BENCH_PHASE_LOG")
 WATCHED_IMPORTS = {"torch", "transformers", "ray", "ray.train.v2.api.data_parallel_trainer", "typer", "trainlift.cli",
                    "trainlift.train.launch", "trainlift.train.recipe", "trainlift.doctor"}
 DRIVER_CALLS = ("run_training", "prepare_model", "prepare_data", "ensure_ray", "scaling_for")
-WORKER_CALLS = ("load_tokenizer", "build_model", "apply_fsdp", "resume", "evaluate", "train_step")
+WORKER_CALLS = ("load_tokenizer", "build_model", "apply_fsdp", "resume", "evaluate", "step_batches")
 
 
 def emit(event: str, **extra) -> None:
@@ -83,7 +83,7 @@ def patch(name: str, module) -> None:
         module.DataParallelTrainer.fit = traced("fit", module.DataParallelTrainer.fit)
     elif name == "trainlift.train.recipe":
         for attr in WORKER_CALLS:
-            setattr(module, attr, traced(attr, getattr(module, attr), first_calls=2 if attr == "train_step" else None))
+            setattr(module, attr, traced(attr, getattr(module, attr), first_calls=2 if attr == "step_batches" else None))
         module.train_loop_per_worker = traced_train_loop(module.train_loop_per_worker)
         module.datacache.load_splits = traced("datacache.load_splits", module.datacache.load_splits)
         module.preflight.check_stack = traced("check_stack", module.preflight.check_stack)

@@ -113,19 +113,27 @@ class StepResult(NamedTuple):
     stop: bool
 
 
-def train_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
-               stop_vote: float = 0.0, sync_each: bool = True) -> StepResult:
-    """One optimizer step; its figures are read from the device once, after the optimizer step is queued: the
-    step's only host sync."""
+def queue_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
+               stop_vote: float = 0.0, sync_each: bool = True) -> torch.Tensor:
+    """One optimizer step, queued on the device; returns its figures as one device tensor, not read back."""
     loss, counts, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss, grad_norm, tokens, attended, votes = torch.cat(
-        [loss.reshape(1), grad_norm.double().reshape(1), counts, stop_votes.reshape(1)]).tolist()
+    return torch.cat([loss.reshape(1), grad_norm.double().reshape(1), counts, stop_votes.reshape(1)])
+
+
+def read_step(figures: torch.Tensor) -> StepResult:
+    """The step's figures from the device: its one host sync, once the next step's batches are on their way."""
+    loss, grad_norm, tokens, attended, votes = figures.tolist()
     return StepResult(loss, grad_norm, tokens, attended, votes > 0)
+
+
+def train_step(*args, **kwargs) -> StepResult:
+    """One optimizer step and its figures (`queue_step`, then `read_step`)."""
+    return read_step(queue_step(*args, **kwargs))
 
 
 @torch.no_grad()
@@ -317,13 +325,16 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
     rows_per_step = w.world * spec.train.micro_batch_size * micro_batches_per_step(spec, w.world)
     every_ckpt, every_eval = spec.checkpoint.every_steps, spec.train.eval_every
     loss, eval_loss = float("nan"), None
+    batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
     while step < spec.train.steps:
         t0 = time.perf_counter()
-        batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
-        result = train_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, w.world, w.device,
-                            stop_requests.vote(), sync_every_micro_batch(spec, w.device))
-        loss = result.loss
+        figures = queue_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, w.world, w.device,
+                             stop_requests.vote(), sync_every_micro_batch(spec, w.device))
         step, cursor = step + 1, cursor + rows_per_step
+        if step < spec.train.steps:  # the next step's rows, collated and copied while this step runs
+            batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
+        result = read_step(figures)
+        loss = result.loss
         stopping = (stop_at is not None and step >= stop_at) or result.stop
         log.stepped(step, result, scheduler.get_last_lr()[0], time.perf_counter() - t0,
                     last=stopping or step == spec.train.steps)
