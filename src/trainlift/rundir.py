@@ -6,7 +6,9 @@ Used by `trainlift report` and `trainlift runs`; imports neither torch nor Ray.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -101,9 +103,6 @@ def _json_or_none(text: str | None) -> dict[str, Any] | None:
 
 def driver_alive(driver: dict[str, Any]) -> bool | None:
     """Whether the recorded driver process still runs: known only on its own host (None elsewhere)."""
-    import os
-    import socket
-
     if driver.get("host") != socket.gethostname() or not isinstance(driver.get("pid"), int):
         return None
     try:

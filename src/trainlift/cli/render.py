@@ -13,6 +13,7 @@ from rich.table import Table
 from trainlift import catalog
 from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.config.cluster import ClusterSpec, cluster_spec_from_yaml
+from trainlift.config.job import load_job_spec
 from trainlift.errors import SpecError, UsageError
 from trainlift.render.raycluster import image_ref
 
@@ -50,12 +51,10 @@ def _read(path: Path) -> str:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _job_inputs(job_path: Path, cluster: ClusterSpec, shutdown: bool, working_dir: str | None,
+def _job_inputs(job_path: Path, job, cluster: ClusterSpec, shutdown: bool, working_dir: str | None,
                 trainlift_uri: str | None):
-    from trainlift.config.job import load_job_spec
     from trainlift.render import JobInputs
 
-    job = load_job_spec(job_path)
     overrides: tuple[str, ...] = ()
     if "://" not in job.run.storage:
         if cluster.storage is None:
@@ -96,17 +95,15 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     return cluster, f"image not pinned by digest: {found.reason}; the pods run {target}"
 
 
-def _job_s3_uses(job_path: Path | None, cluster: ClusterSpec) -> list:
+def _job_s3_uses(job, cluster: ClusterSpec) -> list:
     """The S3 URIs the job spec reads and writes, for render to check against the pods' S3 role; first, one
     line when the pods would lack the job's MLflow credentials."""
-    from trainlift.config.job import load_job_spec
     from trainlift.render.job_secrets import mlflow_secret_problems
     from trainlift.render.problems import raise_problems
     from trainlift.render.s3_access import job_s3_uses
 
-    if job_path is None:
+    if job is None:
         return []
-    job = load_job_spec(job_path)
     raise_problems(mlflow_secret_problems(cluster, job))
     return job_s3_uses(job)
 
@@ -139,9 +136,10 @@ def render(
     if out is not None and check:
         raise UsageError("render: --check writes nothing; drop -o or --check")
     cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
-    inputs = _job_inputs(job, cluster, job_shutdown, working_dir, trainlift_uri) if job is not None else None
+    job_spec = load_job_spec(job) if job is not None else None
+    inputs = _job_inputs(job, job_spec, cluster, job_shutdown, working_dir, trainlift_uri) if job_spec else None
     cluster, warning = _pin_image(cluster)
-    manifests = render_cluster(cluster, inputs, s3_uses=_job_s3_uses(job, cluster))
+    manifests = render_cluster(cluster, inputs, s3_uses=_job_s3_uses(job_spec, cluster))
     if warning:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     summary: dict[str, Any] = {

@@ -112,7 +112,7 @@ def finished_summary(spec: JobSpec) -> dict[str, Any] | None:
     try:
         with fs.open_input_stream(f"{path}/summary.json") as src:
             summary = json.loads(src.read())
-    except (FileNotFoundError, OSError, ValueError):
+    except (OSError, ValueError):  # none yet (FileNotFoundError is an OSError), or not JSON
         return None
     done = isinstance(summary, dict) and summary.get("finished") and (summary.get("steps") or 0) >= spec.train.steps
     return summary if done else None
