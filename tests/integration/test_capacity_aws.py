@@ -76,6 +76,15 @@ def test_capacity_cli_json(aws_env):
     assert data["instance"]["gpus"] == 8 and data["instance"]["efa_interfaces"] == 32
     assert data["recommended_zone"] == "us-east-2a" and data["quota"]["code"] == "L-417A185B"
     assert data["offered_zones"] == ["us-east-2a", "us-east-2b", "us-east-2c"]
+    assert (data["usd_per_hour"], data["price_source"], data["price_as_of"]) == (None, None, None)
+
+
+def test_capacity_cli_prints_the_catalog_price(aws_env):
+    result = CliRunner().invoke(app, ["capacity", "g6.12xlarge", "--region", "us-east-2", "--count", "2"])
+    assert result.exit_code == 0, result.output
+    assert "price    $4.60/h on demand (skypilot-before-2025-06, checked 2026-12-06); 2 × $4.60/h = $9.20/h" in (
+        result.stdout)
+    assert "recommended AZ: us-east-2a" in result.stdout and "2 × $4.60/h = $9.20/h on demand" in result.stdout
 
 
 def _cli(args: list[str], env: dict[str, str], drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -158,6 +158,8 @@ def test_dry_run_prints_the_full_plan_and_changes_nothing(aws_env, tmp_path, on_
         f"apply --server-side --field-manager=trainlift -f {out_dir}/k8s/20-raycluster.yaml",
         "wait until head-ready", "wait until workers-running=2", "wait until nodes/gpu-workers",
         "trainlift doctor --address http://127.0.0.1:18265 --expect-fabric efa",
+        "cost  gpu-workers: 2 × g6.12xlarge × $4.60/h = $9.20/h",
+        "cost  total: $9.40/h (catalog on-demand prices for us-east-2",
     ):
         assert expected in text, expected
     assert _world("us-east-2") == before and before["clusters"] == [] and before["instances"] == []
@@ -178,6 +180,7 @@ def test_dry_run_json_and_an_unpinned_group_gets_the_recommended_az(aws_env, tmp
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["blocked"] is False and plan["verb"] == "up"
+    assert plan["cost"]["total_usd_per_hour"] == 9.4048 and plan["cost"]["groups"][1]["usd_per_hour_each"] == 4.6016
     group = next(s for s in plan["steps"] if s["key"] == "nodegroup/gpu-workers")
     assert "AZ us-east-2a: offered in 3 AZs" in group["observed"]
     cfg = yaml.safe_load((tmp_path / "o" / "eksctl.yaml").read_text())

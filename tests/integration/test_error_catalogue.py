@@ -163,6 +163,20 @@ CASES = {
     "cluster-inline-secret": lambda f, r: ["render", f["inline_secret"], "--check"],
     "capacity-unknown-region": lambda f, r: ["capacity", "g6.12xlarge", "--region", "mars-1"],
     "capacity-no-credentials": lambda f, r: ["capacity", "g6.12xlarge", "--region", "us-east-2"],
+    "price-not-in-catalog": lambda f, r: ["price", "p5.48xlarge", "--region", "eu-west-1"],
+    "estimate-unknown-instance": lambda f, r: ["estimate", f["good"], "--instance", "p9.huge"],
+    "estimate-instance-without-gpus": lambda f, r: ["estimate", f["good"], "--instance", "m7i.xlarge"],
+    "estimate-model-config-unreadable": lambda f, r: ["estimate", f["good"], "--model-config", r + "/nope.json"],
+    "estimate-more-workers-than-gpus": lambda f, r: ["estimate", f["good"], "--instance", "g6.12xlarge",
+                                                     "--set", "scaling.workers=16"],
+    "price-live-no-credentials": lambda f, r: ["price", "g6.12xlarge", "--region", "us-east-1", "--live"],
+    "price-live-unreachable": lambda f, r: ["price", "g6.12xlarge", "--region", "us-east-1", "--live"],
+}
+
+# id -> environment the mistake needs on top of the isolated one; the documented command shows it.
+CASE_ENV = {
+    "price-live-unreachable": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               "AWS_MAX_ATTEMPTS": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
 }
 
 
@@ -209,7 +223,7 @@ def recorded():
     rows: dict[str, tuple[str, int, str]] = {}
     yield rows
     if os.environ.get("TRAINLIFT_UPDATE_ERRORS") and rows:
-        table = [f"| `{case}` | `trainlift {command}` | {code} | {message.replace('|', chr(92) + '|')} |"
+        table = [f"| `{case}` | `{command}` | {code} | {message.replace('|', chr(92) + '|')} |"
                  for case, (command, code, message) in sorted(rows.items())]
         DOC.write_text(DOC_HEAD + "\n".join(table) + "\n")
 
@@ -217,7 +231,8 @@ def recorded():
 DOC_HEAD = """# User mistakes and what trainlift says
 
 Each row is a mistake, the command it was made with (`<ws>` is a scratch
-directory holding the files named), the exit code, and the exact line printed.
+directory holding the files named; `NAME=value` before `trainlift` is the
+environment it ran with), the exit code, and the exact line printed.
 Exit code 2 means bad input (a spec, a flag, a file); 1 means something outside
 the input is wrong (an unreachable cluster, missing credentials). No mistake
 prints a traceback; `--debug` shows one. `tests/integration/test_error_catalogue.py`
@@ -235,9 +250,11 @@ def test_catalogue_has_at_least_30_mistakes():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_mistake_gets_its_documented_line(case, ws, isolated, recorded):
+def test_each_mistake_gets_its_documented_line(case, ws, isolated, recorded, monkeypatch):
     root, files = ws
     argv = CASES[case](files, str(root))
+    for name, value in CASE_ENV.get(case, {}).items():
+        monkeypatch.setenv(name, value)
     code, output = run_cli(argv, cwd=str(root))
     lines = [line for line in output.splitlines() if line.strip()]
     assert "Traceback" not in output and code != 0, output
@@ -246,6 +263,7 @@ def test_each_mistake_gets_its_documented_line(case, ws, isolated, recorded):
     message = errors[0].removeprefix("error: ").replace(str(root), "<ws>")
     assert "plantedsecret" not in output  # a refused secret is not echoed back
     if os.environ.get("TRAINLIFT_UPDATE_ERRORS"):
-        recorded[case] = (" ".join(argv).replace(str(root), "<ws>"), code, message)
+        env = "".join(f"{name}={value} " for name, value in CASE_ENV.get(case, {}).items())
+        recorded[case] = (env + "trainlift " + " ".join(argv).replace(str(root), "<ws>"), code, message)
         return
     assert (code, message) == documented()[case]

@@ -90,3 +90,32 @@ def test_unknown_offerings_leave_no_recommendation_unless_pinned():
 def test_quota_known_with_usage_unknown_still_catches_a_too_small_quota():
     report = assess(facts(quota_vcpus=32.0, vcpus_in_use=Unknown("denied")))
     assert not report.ok and "64 vCPUs short" in report.problems[0]
+
+
+def test_the_report_prints_the_catalog_price_beside_the_instance_and_the_az(capsys):
+    from trainlift import catalog
+    from trainlift.cli import capacity as cli
+
+    report = assess(facts())
+    cli._print(report, catalog.on_demand_price("g6.12xlarge", "us-east-2"))
+    out = capsys.readouterr().out
+    assert ("  price    $4.60/h on demand (skypilot-before-2025-06, checked 2026-12-06); 2 × $4.60/h = $9.20/h"
+            in out)
+    assert "recommended AZ: us-east-2a (" in out and "; 2 × $4.60/h = $9.20/h on demand" in out
+
+
+def test_a_type_without_a_catalog_price_says_how_to_ask_aws(capsys):
+    from trainlift.cli import capacity as cli
+
+    cli._print(assess(facts()), None)
+    assert ("  price    no catalog price for g6.12xlarge in us-east-2 "
+            "(`trainlift price g6.12xlarge --region us-east-2 --live` asks AWS)") in capsys.readouterr().out
+
+
+def test_the_json_price_fields():
+    from trainlift import catalog
+    from trainlift.cli import capacity as cli
+
+    assert cli._price_fields(catalog.on_demand_price("p5.48xlarge", "us-east-1")) == {
+        "usd_per_hour": 55.04, "price_source": "karpenter-2026-02-09", "price_as_of": "2026-12-06"}
+    assert cli._price_fields(None) == {"usd_per_hour": None, "price_source": None, "price_as_of": None}

@@ -5,6 +5,7 @@ Planning is pure; the apply tests replace the one subprocess chokepoint and asse
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,3 +115,14 @@ def test_cli_dry_run_without_credentials(monkeypatch, tmp_path, tools_on_path):
     assert "not looked up: no AWS credentials found" in result.stdout
     assert f"eksctl create cluster -f {out}/eksctl.yaml --without-nodegroup" in result.stdout
     assert yaml.safe_load((out / "eksctl.yaml").read_text())["metadata"]["name"] == "ray-train"
+    assert "cost  system-nodes: 1 × m7i.xlarge × $0.2016/h = $0.2016/h" in result.stdout
+    assert "cost  gpu-workers: 2 × g6.12xlarge × $4.60/h = $9.20/h" in result.stdout
+    assert ("cost  total: $9.40/h (catalog on-demand prices for us-east-2: skypilot-before-2025-06, checked "
+            "2026-12-06; --live not used)") in result.stdout
+    assert result.stdout.index("cost  total") > result.stdout.index("eksctl create cluster")
+    json_result = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--json", "--dir", str(out)])
+    assert json_result.exit_code == 0, json_result.output
+    cost = json.loads(json_result.stdout)["cost"]
+    assert cost["total_usd_per_hour"] == 9.4048 and cost["unknown"] == []
+    assert [(g["group"], g["count"], g["usd_per_hour"]) for g in cost["groups"]] == [
+        ("system-nodes", 1, 0.2016), ("gpu-workers", 2, 9.2032)]

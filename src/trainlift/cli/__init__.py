@@ -5,6 +5,8 @@ from trainlift.cli import train  # noqa: F401  (registers commands)
 from trainlift.cli import doctor  # noqa: F401
 from trainlift.cli import render  # noqa: F401  (registers commands)
 from trainlift.cli import capacity  # noqa: F401  (registers commands)
+from trainlift.cli import estimate  # noqa: F401
+from trainlift.cli import price  # noqa: F401
 from trainlift.cli import cluster  # noqa: F401  (registers commands)
 from trainlift.cli import jobs  # noqa: F401
 from trainlift.cli import report  # noqa: F401  (registers report, runs)

@@ -40,6 +40,7 @@ def capacity(
 
     Example: trainlift capacity g6.12xlarge --region us-east-2 --count 2
     """
+    from trainlift.catalog import on_demand_price
     from trainlift.cloud.aws import Aws, check_region, default_region
     from trainlift.cloud.capacity import assess
 
@@ -52,21 +53,48 @@ def capacity(
     aws = Aws(region)
     aws.identity()
     report = assess(aws.capacity(instance_type, count))
+    price = on_demand_price(instance_type, region)
     if json_out:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), **_price_fields(price)})
     else:
-        _print(report)
+        _print(report, price)
     if not report.ok:
         sys.exit(1)
 
 
-def _print(report) -> None:
+def _price_fields(price) -> dict[str, object]:
+    """The catalog's on-demand price of one instance; nulls when the catalog has none."""
+    return {
+        "usd_per_hour": price.usd_per_hour if price else None,
+        "price_source": price.source if price else None,
+        "price_as_of": price.as_of.isoformat() if price else None,
+    }
+
+
+def _price_text(price, count: int, instance_type: str, region: str) -> str:
+    from trainlift.estimate.cost import usd
+
+    if price is None:
+        return (f"no catalog price for {instance_type} in {region} "
+                f"(`trainlift price {instance_type} --region {region} --live` asks AWS)")
+    return (f"{usd(price.usd_per_hour)}/h on demand ({price.source}, checked {price.as_of.isoformat()}); "
+            f"{_count_cost(price, count)}")
+
+
+def _count_cost(price, count: int) -> str:
+    from trainlift.estimate.cost import usd
+
+    return f"{count} × {usd(price.usd_per_hour)}/h = {usd(count * price.usd_per_hour)}/h"
+
+
+def _print(report, price=None) -> None:
     f, info = report.facts, report.facts.info
     gpus = f"{info.gpus}x {info.gpu_model} ({info.gpu_memory_mib / 1024:.0f} GiB each)" if info.gpus else "none"
     efa = f"supported, up to {info.efa_interfaces} interface(s)" if info.efa_supported else "not supported"
     console.print(f"[bold]{info.instance_type}[/] in [bold]{f.region}[/], {f.count} instance(s)", highlight=False)
     console.print(f"  GPUs     {gpus}\n  vCPUs    {info.vcpus} each, {report.needed_vcpus} for {f.count}\n"
                   f"  EFA      {efa}", highlight=False)
+    console.print(f"  price    {_price_text(price, f.count, info.instance_type, f.region)}", highlight=False)
     if f.quota is None:
         quota = "no on-demand vCPU quota known for this family"
     elif report.free_vcpus is not None:
@@ -90,7 +118,8 @@ def _print(report) -> None:
     for key, why in report.unknown.items():
         console.print(f"  [yellow]unknown[/] {_LABELS.get(key, key)}: {why}", highlight=False)
     if report.recommended:
-        console.print(f"[green]recommended AZ: {report.recommended}[/] ({report.reason})", highlight=False)
+        cost = f"; {_count_cost(price, f.count)} on demand" if price else ""
+        console.print(f"[green]recommended AZ: {report.recommended}[/] ({report.reason}){cost}", highlight=False)
     for problem in report.problems:
         console.print(f"[bold red]missing:[/] {problem}", highlight=False)
     for fix in report.fixes:

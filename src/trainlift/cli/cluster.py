@@ -60,6 +60,17 @@ def _unknown_lines(seen) -> None:
         console.print(f"[yellow]unknown[/] {area}: {why}", highlight=False)
 
 
+def _cost(spec):
+    from trainlift.estimate.cost import cluster_cost
+
+    return cluster_cost(spec)
+
+
+def _cost_lines(spec) -> None:
+    for line in _cost(spec).lines():
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 def _unknowns(seen) -> dict[str, str]:
     return {**({"aws": seen.assumed} if seen.assumed else {}), **seen.unknown}
 
@@ -73,7 +84,7 @@ def _confirm(yes: bool, what: str) -> None:
         raise TrainliftError("nothing applied")
 
 
-def _apply(prepared, plan, json_out: bool) -> None:
+def _apply(prepared, plan, json_out: bool, extra: dict | None = None) -> None:
     from trainlift.ops.lifecycle import apply
 
     out = err_console if json_out else console
@@ -84,7 +95,7 @@ def _apply(prepared, plan, json_out: bool) -> None:
     done = apply(prepared, plan, echo=lambda line: out.print(f"    {line}", highlight=False, markup=False),
                  on_step=on_step)
     if json_out:
-        print_json({**plan.to_dict(), "applied": done})
+        print_json({**plan.to_dict(), **(extra or {}), "applied": done})
     else:
         console.print(f"[green]done[/]: {len(done)} steps applied", highlight=False)
 
@@ -113,12 +124,14 @@ def up(
     spec = load_cluster_spec(spec_path)
     prepared = prepare(spec, root, write=True, need_credentials=not dry_run)
     plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files, force=force)
+    cost = {"cost": _cost(prepared.spec).to_dict()}
     if json_out and (dry_run or plan.blocked):
-        print_json({**plan.to_dict(), "files": prepared.written, "unknown": _unknowns(prepared.seen)})
+        print_json({**plan.to_dict(), **cost, "files": prepared.written, "unknown": _unknowns(prepared.seen)})
     elif not json_out:
         _capacity_lines(prepared)
         print_plan(plan, f"cluster up {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
         _unknown_lines(prepared.seen)
+        _cost_lines(prepared.spec)
         if prepared.written:
             console.print(f"files in {prepared.files.root}/: " + ", ".join(
                 str(Path(p).relative_to(prepared.files.root)) for p in prepared.written), highlight=False)
@@ -131,7 +144,7 @@ def up(
     if dry_run:
         return
     _confirm(yes, f"apply {len(plan.todo)} steps to {spec.name}")
-    _apply(prepared, plan, json_out)
+    _apply(prepared, plan, json_out, cost)
 
 
 @cluster_app.command("status")
@@ -152,11 +165,13 @@ def status(spec_path: Path = SPEC, root: Optional[str] = DIR, json_out: bool = J
         data = plan.to_dict()
         data["verb"] = "status"
         data["unknown"] = _unknowns(prepared.seen)
+        data["cost"] = _cost(prepared.spec).to_dict()
         print_json(data)
         return
     _capacity_lines(prepared)
     print_plan(plan, f"cluster status {spec.name} ({spec.region}); actions are what `up` would do")
     _unknown_lines(prepared.seen)
+    _cost_lines(prepared.spec)
 
 
 @cluster_app.command("down")

@@ -117,6 +117,8 @@ def submit(
     cluster: Optional[Path] = typer.Option(
         None, "--cluster", help="The cluster spec the job runs on: its S3 role must reach run.storage and the data "
         "and its pods must get the job's MLflow credentials (checked before anything is uploaded)."),
+    force: bool = typer.Option(False, "--force", help="Submit even when the estimate says the job does not fit "
+                               "the --cluster's GPUs."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Ray's own lines: the SDK's while "
                                  "uploading, the job's workers' while following (all are in the job's log)."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
@@ -129,6 +131,7 @@ def submit(
     resumes from the newest checkpoint. A different spec with the same run name is refused while that run has an
     active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
+    from trainlift.cli.estimate import check_fits_cluster
     from trainlift.ops import jobs, localray, ray_output
 
     env_vars = jobs.parse_env(env, os.environ)
@@ -136,6 +139,7 @@ def submit(
     spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
     if cluster is not None:
         _check_cluster_serves(cluster, spec)
+        check_fits_cluster(spec, spec_file, cluster, force, json_out)
     address = jobs.resolve_address(address)
     if not spec.is_remote_storage and not localray.is_loopback(address):
         err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "

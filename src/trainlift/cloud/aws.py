@@ -1,5 +1,5 @@
-"""Every AWS call trainlift makes: capacity facts (EC2, Service Quotas), EKS and CloudFormation state, S3 uploads
-and ECR digests. What the EKS calls return are the records of `cloud/eks_state.py`.
+"""Every AWS call trainlift makes: capacity facts (EC2, Service Quotas), EKS and CloudFormation state, S3 uploads,
+ECR digests and on-demand prices (Price List API). What the EKS calls return are the records of `cloud/eks_state.py`.
 
 boto3 is imported lazily, and every client takes the standard AWS configuration
 (profiles, AWS_REGION, AWS_ENDPOINT_URL, AWS_MAX_ATTEMPTS, ...). Credentials that are
@@ -9,9 +9,14 @@ in the region or not implemented by the endpoint is `Unknown(reason)`, not a cra
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
+from trainlift.catalog.prices import Price
+from trainlift.cloud.aws_errors import (  # noqa: F401  (callers import CredentialsError from here)
+    CredentialsError, error_code, error_message, fatal_error, is_api_error,
+)
 from trainlift.cloud.capacity import (
     ACTIVE, UPCOMING, CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for, reservation_from_ec2,
 )
@@ -19,16 +24,6 @@ from trainlift.cloud.eks_state import CLUSTER_STACK, ClusterInfo, ClusterTags, N
 from trainlift.errors import TrainliftError, UsageError
 
 T = TypeVar("T")
-
-_REJECTED = {
-    "AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId", "SignatureDoesNotMatch",
-    "IncompleteSignature", "InvalidAccessKeyId", "ExpiredToken", "ExpiredTokenException", "RequestExpired",
-}
-_CREDENTIALS_HINT = "set AWS_PROFILE, run `aws configure` or `aws sso login`, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
-
-
-class CredentialsError(TrainliftError):
-    """No usable AWS credentials."""
 
 
 def known_regions() -> set[str]:
@@ -59,35 +54,6 @@ def check_region(region: str) -> None:
         )
 
 
-def _code(exc: Exception) -> str:
-    return getattr(exc, "response", {}).get("Error", {}).get("Code", "") or type(exc).__name__
-
-
-def _message(exc: Exception) -> str:
-    response = getattr(exc, "response", {}) or {}
-    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", 0)
-    text = (response.get("Error") or {}).get("Message") or str(exc)
-    if status >= 500 or "<html" in text.lower() or "Unable to parse response" in text:
-        return f"the endpoint failed{f' with HTTP {status}' if status else ''} (the API may not be implemented there)"
-    return " ".join(text.split())[:300]
-
-
-def _fatal(exc: Exception, what: str) -> Exception | None:
-    """The user-facing error for credential and connection failures; None for other API errors."""
-    from botocore import exceptions as bce
-
-    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
-        return CredentialsError("no AWS credentials found", hint=_CREDENTIALS_HINT)
-    unloadable = tuple(getattr(bce, n) for n in ("TokenRetrievalError", "SSOError", "ProfileNotFound") if hasattr(bce, n))
-    if isinstance(exc, unloadable):
-        return CredentialsError(f"AWS credentials could not be loaded ({exc})", hint=_CREDENTIALS_HINT)
-    if isinstance(exc, bce.ClientError) and _code(exc) in _REJECTED:
-        return CredentialsError(f"AWS rejected the credentials ({_code(exc)}: {_message(exc)})", hint=_CREDENTIALS_HINT)
-    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError)):
-        return TrainliftError(f"{what}: cannot reach AWS ({exc})", hint="check the network, the region and AWS_ENDPOINT_URL")
-    return None
-
-
 class Aws:
     """The AWS API of one region; clients are made on first use and kept."""
 
@@ -95,21 +61,24 @@ class Aws:
         self.region = region
         self._clients: dict[str, Any] = {}
 
-    def client(self, service: str) -> Any:
-        if service not in self._clients:
+    def client(self, service: str, region: str | None = None) -> Any:
+        """A client of this region, or of `region` for an API served elsewhere (the Price List API)."""
+        key = service if region in (None, self.region) else f"{service}@{region}"
+        if key not in self._clients:
             import boto3
             from botocore.config import Config
 
             config = Config(connect_timeout=10, read_timeout=30)
-            self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=config)
-        return self._clients[service]
+            session = boto3.session.Session(region_name=region or self.region)
+            self._clients[key] = session.client(service, config=config)
+        return self._clients[key]
 
     def _fail(self, what: str, exc: Exception) -> NoReturn:
-        fatal = _fatal(exc, what)
+        fatal = fatal_error(exc, what)
         if fatal is not None:
             raise fatal from None
-        if _is_api_error(exc):
-            raise TrainliftError(f"{what} in {self.region} failed: {_code(exc)}: {_message(exc)}") from None
+        if is_api_error(exc):
+            raise TrainliftError(f"{what} in {self.region} failed: {error_code(exc)}: {error_message(exc)}") from None
         raise exc
 
     def _required(self, what: str, call: Callable[[], T]) -> T:
@@ -122,11 +91,11 @@ class Aws:
         try:
             return call()
         except Exception as exc:
-            fatal = _fatal(exc, what)
+            fatal = fatal_error(exc, what)
             if fatal is not None:
                 raise fatal from None
-            if _is_api_error(exc):
-                return Unknown(f"{what}: {_code(exc)}: {_message(exc)}")
+            if is_api_error(exc):
+                return Unknown(f"{what}: {error_code(exc)}: {error_message(exc)}")
             raise
 
     # --- identity and capacity -------------------------------------------------------------
@@ -146,7 +115,7 @@ class Aws:
         try:
             out = self.client("ec2").describe_instance_types(InstanceTypes=[instance_type])
         except ClientError as exc:
-            if _code(exc).startswith("InvalidInstanceType") or _code(exc) == "InvalidParameterValue":
+            if error_code(exc).startswith("InvalidInstanceType") or error_code(exc) == "InvalidParameterValue":
                 raise UsageError(
                     f"instance type {instance_type!r} does not exist in {self.region}",
                     hint="check the spelling, e.g. g6.12xlarge, p5.48xlarge",
@@ -185,14 +154,14 @@ class Aws:
             try:
                 return float(sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
             except ClientError as exc:
-                if _code(exc) != "NoSuchResourceException":
+                if error_code(exc) != "NoSuchResourceException":
                     raise
                 first = exc
             # An account that never changed the quota may only have the default value.
             try:
                 return float(sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
             except ClientError as exc:
-                if _fatal(exc, "") is not None:
+                if fatal_error(exc, "") is not None:
                     raise
                 raise first from None
         return self._optional("service-quotas:GetServiceQuota", call)
@@ -241,7 +210,7 @@ class Aws:
             try:
                 out = self.client("ec2").describe_capacity_reservations(CapacityReservationIds=[reservation_id])
             except ClientError as exc:
-                if _code(exc).startswith("InvalidCapacityReservationId"):
+                if error_code(exc).startswith("InvalidCapacityReservationId"):
                     raise UsageError(f"capacity reservation {reservation_id} does not exist in {self.region}",
                                      hint="check capacity_reservation_id and the spec's region") from None
                 raise
@@ -276,6 +245,26 @@ class Aws:
             spot_scores=self.spot_scores(instance_type, count, zones),
         )
 
+    # --- prices ------------------------------------------------------------------------------
+
+    def on_demand_price(self, instance_type: str) -> Price:
+        """The on-demand Linux USD/hour the Price List API states now for the type in this region."""
+        from trainlift.cloud import pricing
+
+        endpoint = pricing.price_list_region(self.region)
+        try:
+            out = self.client("pricing", region=endpoint).get_products(
+                ServiceCode="AmazonEC2", Filters=pricing.product_filters(instance_type, self.region), MaxResults=100)
+        except Exception as exc:
+            failure = pricing.price_api_error(exc, endpoint)
+            if failure is None:
+                raise
+            raise failure from None
+        price_list = out.get("PriceList") or []
+        usd = pricing.on_demand_usd(price_list, what=f"{instance_type} in {self.region}")
+        return Price(instance_type=instance_type, region=self.region, usd_per_hour=usd, source=pricing.LIVE_SOURCE,
+                     as_of=pricing.publication_date(price_list) or date.today())
+
     # --- EKS --------------------------------------------------------------------------------
 
     def cluster(self, name: str) -> ClusterInfo | None:
@@ -285,7 +274,7 @@ class Aws:
         try:
             c = self.client("eks").describe_cluster(name=name)["cluster"]
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return None
             self._fail("eks:DescribeCluster", exc)
         except Exception as exc:
@@ -339,7 +328,7 @@ class Aws:
             try:
                 stacks = self.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
             except ClientError as exc:
-                if _code(exc) == "ValidationError" and "does not exist" in _message(exc):
+                if error_code(exc) == "ValidationError" and "does not exist" in error_message(exc):
                     return None
                 raise
             live = [s for s in stacks if s.get("StackStatus") != "DELETE_COMPLETE"]
@@ -357,7 +346,7 @@ class Aws:
             try:
                 c = self.client("eks").describe_cluster(name=cluster)["cluster"]
             except ClientError as exc:
-                if _code(exc) == "ResourceNotFoundException":
+                if error_code(exc) == "ResourceNotFoundException":
                     return None
                 raise
             return ClusterTags(c.get("arn", ""), dict(c.get("tags") or {}))
@@ -365,13 +354,6 @@ class Aws:
 
     def tag_cluster(self, arn: str, tags: dict[str, str]) -> None:
         self._required("eks:TagResource", lambda: self.client("eks").tag_resource(resourceArn=arn, tags=tags))
-
-
-def _is_api_error(exc: Exception) -> bool:
-    from botocore import exceptions as bce
-    from botocore.parsers import ResponseParserError
-
-    return isinstance(exc, (bce.ClientError, ResponseParserError, bce.ParamValidationError))
 
 
 def image_digest(image: str) -> str | Unknown:
@@ -388,11 +370,11 @@ def image_digest(image: str) -> str | Unknown:
         out = Aws(region).client("ecr").describe_images(
             registryId=account, repositoryName=repository, imageIds=[{"imageTag": tag}])
     except Exception as exc:
-        fatal = _fatal(exc, "ecr:DescribeImages")
+        fatal = fatal_error(exc, "ecr:DescribeImages")
         if fatal is not None:
             return Unknown(f"ecr:DescribeImages: {fatal.message}")
-        if _is_api_error(exc):
-            return Unknown(f"ecr:DescribeImages: {_code(exc)}: {_message(exc)}")
+        if is_api_error(exc):
+            return Unknown(f"ecr:DescribeImages: {error_code(exc)}: {error_message(exc)}")
         raise
     details = out.get("imageDetails") or []
     return details[0]["imageDigest"] if details else Unknown(f"ecr:DescribeImages: no image tagged {tag}")

@@ -1,0 +1,115 @@
+"""Memory per worker (a GPU's, or a CPU worker's host memory) of the training recipe, item by item.
+
+The recipe keeps fp32 master weights, fp32 gradients and AdamW's two fp32 moments, sharded over the workers
+(FSDP2); it computes in bf16 on GPUs and fp32 on CPUs. Activations are the tensors autograd saves per token of
+a decoder layer (checked on the CPU against the peak of a real forward and backward: docs/BENCHMARKS.md
+benchmark 14). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
+logits chunk and the LM head's gradient are held then; the sharded gradients of the previous step were freed
+(`zero_grad(set_to_none=True)`) and this step's grow while the activations shrink, so the total counts the
+larger of the two unless gradient accumulation keeps gradients across micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainlift.estimate.assumptions import figure
+from trainlift.estimate.shape import ModelShape
+
+GIB = 2**30
+# The recipe's loss chunks (trainlift.train.model.loss; a unit test keeps these equal to its constants).
+CHUNK_ELEMENTS = 2**25
+GPU_CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the job asks of each worker: its batch, precision, sharding and what it trains."""
+
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    activation_checkpointing: bool
+    gpu: bool
+    bf16: bool
+    workers: int
+    lora_params: int = 0
+    accum_sync_last: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch: rows are packed to seq_len."""
+        return self.micro_batch * self.seq_len
+
+    def but(self, **changes) -> "Workload":
+        return replace(self, **changes)
+
+
+def _per_token_layer_bytes(m: ModelShape, b: int) -> int:
+    """Bytes autograd saves per token in one decoder layer: two RMSNorms (the fp32 upcast of their input, the
+    normalised input and the output), attention (q, k, v, its output and o_proj's contiguous input, the
+    log-sum-exp) and the MLP (gate, up, activation and product; two tensors for a plain MLP)."""
+    d = m.hidden
+    norms = 2 * (4 * d + 2 * b * d)
+    attention = b * (3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim) + 4 * m.heads
+    if m.moe_layers:
+        routed = m.experts_per_token * (4 * m.expert_ffn * b + d * b)
+        mlp = routed + 4 * m.shared_expert_ffn * b + 8 * m.experts
+    else:
+        mlp = (4 if m.gated_mlp else 2) * m.ffn * b
+    return norms + attention + mlp
+
+
+def loss_chunk_tokens(m: ModelShape, w: Workload) -> int:
+    shifted = w.micro_batch * (w.seq_len - 1)
+    return min(shifted, GPU_CHUNK_TOKENS if w.gpu else max(1, CHUNK_ELEMENTS // m.vocab))
+
+
+def memory_items(m: ModelShape, w: Workload, runtime_bytes: float | None = None) -> dict[str, float]:
+    """Bytes per worker, item by item, and `total`. `runtime_bytes`: the process's own memory (default: the
+    catalog's CUDA context and NCCL buffers on a GPU, the measured Ray worker on a CPU)."""
+    b = 2 if w.bf16 else 4
+    full = w.lora_params == 0
+    trainable = m.params if full else w.lora_params
+    frozen_bytes = 0 if full else m.params * b
+    items: dict[str, float] = {
+        "parameters": (4 * trainable + frozen_bytes) / w.workers,
+        "gradients": 4 * trainable / (1 if w.accum_sync_last and w.grad_accum > 1 else w.workers),
+        "optimizer": 8 * trainable / w.workers,
+    }
+    head_grad = b * m.vocab * m.hidden if full else 0
+    layer_grad = (m.layer_params if full else w.lora_params // m.layers) * (b + (4 if w.bf16 else 0))
+    items["unsharded"] = b * (m.vocab * m.hidden + 2 * m.layer_params) + head_grad + layer_grad
+
+    chunk = loss_chunk_tokens(m, w)
+    items["loss"] = chunk * m.vocab * (12 + (2 if w.bf16 else 0))
+    layer = _per_token_layer_bytes(m, b) * w.tokens
+    final_norm = (4 * m.hidden + 2 * b * m.hidden) * w.tokens
+    mask = 0 if w.gpu else w.micro_batch * w.seq_len**2
+    if w.activation_checkpointing:
+        # Only layer inputs are saved; a layer's activations exist again while it is recomputed in the backward
+        # pass, after the loss's backward has freed its logits.
+        items["activations"] = m.layers * b * m.hidden * w.tokens + final_norm + mask + max(0, layer - items["loss"])
+    else:
+        items["activations"] = m.layers * layer + final_norm + mask
+    working = items["unsharded"] + items["loss"] + items["activations"]
+    gradients_coexist = w.grad_accum > 1
+    allocated = items["parameters"] + items["optimizer"] + (
+        working + items["gradients"] if gradients_coexist else max(working, items["gradients"]))
+    if runtime_bytes is None:
+        runtime_bytes = default_runtime_bytes(w, allocated)
+    items["runtime"] = runtime_bytes
+    items["total"] = allocated + runtime_bytes
+    return items
+
+
+def default_runtime_bytes(w: Workload, allocated: float) -> float:
+    if not w.gpu:
+        return figure("runtime", "cpu_worker_gib").value * GIB
+    nccl = figure("runtime", "nccl_gib").value * GIB if w.workers > 1 else 0.0
+    return figure("runtime", "cuda_context_gib").value * GIB + nccl + figure("runtime", "allocator_slack").value * allocated
+
+
+def runtime_sources(gpu: bool) -> list[str]:
+    keys = ("cuda_context_gib", "nccl_gib", "allocator_slack") if gpu else ("cpu_worker_gib",)
+    return [figure("runtime", key).source for key in keys]

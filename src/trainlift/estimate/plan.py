@@ -1,0 +1,195 @@
+"""A job on a target (N instances of a type, or this machine's CPUs): does it fit, how long, what it costs,
+and when it does not fit, the changes that would make it fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainlift.catalog import InstanceProfile
+from trainlift.config.job import JobSpec
+from trainlift.errors import SpecError
+from trainlift.estimate import assumptions
+from trainlift.estimate.memory import GIB, Workload, memory_items, runtime_sources
+from trainlift.estimate.shape import ModelShape
+from trainlift.estimate.timing import Fabric, Timing, step_timing
+
+MAX_NODES = 64
+ADVICE_LORA_RANK = 16
+
+
+@dataclass(frozen=True)
+class Target:
+    """`nodes` instances of `instance`, with their price; or this machine (instance None), whose memory the
+    workers share."""
+
+    instance: InstanceProfile | None
+    nodes: int = 1
+    host_memory_bytes: float = 0.0
+    usd_per_hour: float | None = None
+    price_source: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.instance.gpus if self.instance else 0
+
+    def describe(self) -> str:
+        if self.instance is None:
+            return "this machine (CPU)"
+        return f"{self.nodes}x {self.instance.instance_type} ({self.gpus}x {self.instance.gpu_model})"
+
+    def with_nodes(self, nodes: int) -> "Target":
+        per_node = self.usd_per_hour / self.nodes if self.usd_per_hour is not None else None
+        return Target(self.instance, nodes, self.host_memory_bytes,
+                      per_node * nodes if per_node is not None else None, self.price_source)
+
+
+@dataclass(frozen=True)
+class Advice:
+    change: str
+    per_gpu_bytes: float
+    fits: bool
+    usd_per_hour: float | None
+    hours: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "per_gpu_gib": round(self.per_gpu_bytes / GIB, 2), "fits": self.fits,
+                "usd_per_hour": _round(self.usd_per_hour), "hours": _round(self.hours, 3)}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    job: JobSpec
+    target: Target
+    workload: Workload
+    items: dict[str, float]
+    capacity_bytes: float
+    timing: Timing | None
+    fabric: Fabric | None
+    mfu: assumptions.Figure | None
+    advice: list[Advice] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.items["total"] <= self.capacity_bytes
+
+    @property
+    def hours(self) -> float | None:
+        return self.timing.step_s * self.job.train.steps / 3600 if self.timing else None
+
+    @property
+    def usd_total(self) -> float | None:
+        if self.hours is None or self.target.usd_per_hour is None:
+            return None
+        return self.hours * self.target.usd_per_hour
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.timing
+        return {
+            "fits": self.fits, "target": self.target.describe(), "device": "cuda" if self.workload.gpu else "cpu",
+            "workers": self.workload.workers,
+            "per_gpu_gib": {key: round(value / GIB, 3) for key, value in self.items.items()},
+            "gpu_gib": round(self.capacity_bytes / GIB, 2) if self.workload.gpu else None,
+            "host_gib_per_worker": None if self.workload.gpu else round(self.capacity_bytes / GIB, 2),
+            "runtime_gib": round(self.items["runtime"] / GIB, 3),
+            "runtime_sources": runtime_sources(self.workload.gpu),
+            "flops_per_token": t.flops_per_token if t else None,
+            "mfu": self.mfu.value if self.mfu else None, "mfu_source": self.mfu.source if self.mfu else None,
+            "mfu_basis": self.mfu.label if self.mfu else None,
+            "compute_s": _round(t and t.compute_s, 4), "comm_s": _round(t and t.comm_s, 4),
+            "step_s": _round(t and t.step_s, 4),
+            "tokens_per_s_per_gpu": _round(t and t.tokens_per_s_per_gpu, 1),
+            "hours": _round(self.hours, 3), "usd_per_hour": _round(self.target.usd_per_hour),
+            "usd_total": _round(self.usd_total), "price_source": self.target.price_source,
+            "advice": [a.to_dict() for a in self.advice],
+        }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def workload_for(job: JobSpec, shape: ModelShape, target: Target) -> Workload:
+    gpu = target.instance is not None
+    workers = job.scaling.max_workers or target.gpus or 1
+    if gpu and workers > target.gpus:
+        raise SpecError(f"the job asks for {workers} workers but {target.describe()} has {target.gpus} GPUs",
+                        hint="add nodes (--nodes) or set scaling.workers: auto")
+    lora = job.model.lora
+    bf16 = job.model.dtype == "bf16" or (job.model.dtype == "auto" and gpu)
+    accum_last = job.train.accum_sync == "last" or (job.train.accum_sync == "auto" and not gpu)
+    return Workload(
+        micro_batch=job.train.micro_batch_size, seq_len=job.data.seq_len, grad_accum=job.train.grad_accum,
+        activation_checkpointing=job.model.activation_checkpointing, gpu=gpu, bf16=bf16, workers=workers,
+        lora_params=shape.lora_params(lora.r, lora.target_modules) if lora else 0, accum_sync_last=accum_last)
+
+
+def _fabric(target: Target, workers: int) -> tuple[Fabric, assumptions.Figure]:
+    profile = target.instance
+    across_nodes = workers > profile.gpus
+    node_link = assumptions.figure("node_link_gbps", profile.gpu_model)
+    if across_nodes:
+        # The catalog's floor is half of the published or line-rate 2-node all_reduce bus bandwidth.
+        busbw = 2 * (profile.busbw_floor_gbps or profile.network_gbps / 16)
+    else:
+        busbw = node_link.value if node_link else profile.network_gbps / 8
+    mfu, _ = assumptions.mfu(profile.gpu_model)
+    return Fabric(profile.peak_bf16_flops_per_gpu, mfu.value, busbw), mfu
+
+
+def plan(job: JobSpec, shape: ModelShape, target: Target, *, advise: bool = True) -> Estimate:
+    w = workload_for(job, shape, target)
+    return _estimate(job, shape, target, w, advise)
+
+
+def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advise: bool) -> Estimate:
+    items = memory_items(shape, w)
+    if target.instance is None:
+        capacity = target.host_memory_bytes / w.workers
+        timing, fabric, mfu = None, None, None
+    else:
+        capacity = target.instance.gpu_memory_mib * 2**20
+        fabric, mfu = _fabric(target, w.workers)
+        timing = step_timing(shape, w, fabric)
+    result = Estimate(job, target, w, items, capacity, timing, fabric, mfu)
+    if advise and not result.fits:
+        result = Estimate(job, target, w, items, capacity, timing, fabric, mfu, _advice(job, shape, target, w))
+    return result
+
+
+def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[Advice]:
+    """The changes that would make the job fit, cheapest run first; unfitting ones only when none fits."""
+    options: list[tuple[str, Target, Workload]] = []
+    if not w.activation_checkpointing:
+        options.append(("model.activation_checkpointing: true", target, w.but(activation_checkpointing=True)))
+    if w.micro_batch > 1:
+        options.append((f"train.micro_batch_size: 1, train.grad_accum: {w.grad_accum * w.micro_batch} (same batch)",
+                        target, w.but(micro_batch=1, grad_accum=w.grad_accum * w.micro_batch)))
+    if not w.lora_params:
+        lora = shape.lora_params(ADVICE_LORA_RANK, "all-linear")
+        options.append((f"model.lora: {{r: {ADVICE_LORA_RANK}}} (adapters instead of every weight)", target,
+                        w.but(lora_params=lora)))
+    if target.instance is not None:
+        options.extend(_more_nodes(job, shape, target, w))
+    results = []
+    for change, where, workload in options:
+        e = _estimate(job, shape, where, workload, advise=False)
+        results.append(Advice(change, e.items["total"], e.fits, where.usd_per_hour, e.hours))
+    fitting = [a for a in results if a.fits]
+    return sorted(fitting or results, key=lambda a: (a.hours is None, (a.hours or 0) * (a.usd_per_hour or 0),
+                                                     a.per_gpu_bytes))
+
+
+def _more_nodes(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[tuple[str, Target, Workload]]:
+    """The fewest nodes, all GPUs used, on which the job fits as it is, and with activation checkpointing."""
+    found = []
+    for workload, suffix in ((w, ""), (w.but(activation_checkpointing=True), " and activation checkpointing")):
+        if suffix and w.activation_checkpointing:
+            continue
+        for nodes in range(target.nodes + 1, MAX_NODES + 1):
+            bigger = target.with_nodes(nodes)
+            scaled = workload.but(workers=bigger.gpus)
+            if memory_items(shape, scaled)["total"] <= target.instance.gpu_memory_mib * 2**20:
+                found.append((f"{nodes} nodes ({bigger.gpus} workers){suffix}", bigger, scaled))
+                break
+    return found

@@ -1,0 +1,68 @@
+"""Step time on GPUs: the step's FLOPs at an assumed MFU, and FSDP's collectives at the fabric's bandwidth.
+
+FLOPs per token (PaLM appendix B, as torchtitan counts them): 6 per parameter a token goes through (the LM
+head's included, the embedding's lookup not), plus 12·L·H·Q·T for attention; a frozen LoRA base costs 4 per
+weight (no weight gradient); activation checkpointing runs the decoder's forward twice. FSDP moves per
+micro-batch the parameters twice (all-gather in forward and backward) and the gradients once (reduce-scatter,
+fp32 on GPUs); it overlaps them with compute, so a step takes the longer of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlift.estimate.memory import Workload
+from trainlift.estimate.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What the GPUs compute and move: peak FLOP/s per GPU, the MFU assumed, and the bus bandwidth (GB/s, as
+    nccl-tests reports it) of a collective over all of the run's workers."""
+
+    peak_flops: float
+    mfu: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    flops_per_token: float
+    compute_s: float
+    comm_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+
+
+def model_flops_per_token(m: ModelShape, w: Workload) -> float:
+    attention = 12 * m.layers * m.heads * m.head_dim * w.seq_len
+    matmul_params = m.active_decoder_params + m.vocab * m.hidden
+    if w.lora_params:
+        return 4 * matmul_params + 6 * w.lora_params + attention
+    return 6 * matmul_params + attention
+
+
+def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
+    """What the GPUs execute: the model's FLOPs, and one more decoder forward under activation checkpointing."""
+    recompute = 2 * m.active_decoder_params + 4 * m.layers * m.heads * m.head_dim * w.seq_len
+    return model_flops_per_token(m, w) + (recompute if w.activation_checkpointing else 0)
+
+
+def collective_bytes_per_step(m: ModelShape, w: Workload) -> float:
+    """Bytes one worker sends (and receives) per step in FSDP's all-gathers and reduce-scatters."""
+    if w.workers == 1:
+        return 0.0
+    b = 2 if w.bf16 else 4
+    trainable = m.params if not w.lora_params else w.lora_params
+    gathered = 2 * b * (m.params + (w.lora_params or 0))
+    reduce_scatters = 1 if w.accum_sync_last else w.grad_accum
+    per_step = w.grad_accum * gathered + reduce_scatters * 4 * trainable
+    return per_step * (w.workers - 1) / w.workers
+
+
+def step_timing(m: ModelShape, w: Workload, fabric: Fabric) -> Timing:
+    tokens = w.tokens * w.grad_accum
+    compute = tokens * hardware_flops_per_token(m, w) / (fabric.peak_flops * fabric.mfu)
+    comm = collective_bytes_per_step(m, w) / (fabric.busbw_gbps * 1e9)
+    step = max(compute, comm)
+    return Timing(model_flops_per_token(m, w), compute, comm, step, tokens / step)
