@@ -69,6 +69,7 @@ def ws(tiny_assets, tmp_path_factory):
         "inline_secret": str(root / "inline_secret.yaml"),
         "too_many_gpus": str(root / "too_many_gpus.yaml"),
         "no_efa": str(root / "no_efa.yaml"),
+        "placement_no_kueue": str(root / "placement_no_kueue.yaml"),
         "cluster_key": str(root / "cluster_key.yaml"),
         "role_cluster": str(root / "role_cluster.yaml"),
         "s3_run": spec("s3_run.yaml", lambda s: s["run"].update(storage="s3://someone-elses-bucket/runs")),
@@ -96,6 +97,7 @@ def ws(tiny_assets, tmp_path_factory):
         secrets=[{"env": "HF_TOKEN", "secret": "hf-token", "key": "token", "value": "hf_abcdefabcdefabcdef"}]))
     cluster_file("too_many_gpus", lambda c: c["workers"][0].update(gpus=8))
     cluster_file("no_efa", lambda c: (c["workers"][0].update(instance_type="g6.4xlarge"), c.update(fabric="efa")))
+    cluster_file("placement_no_kueue", lambda c: c.update(scheduler="none", placement="required"))
     cluster_file("cluster_key", lambda c: c.update(regoin="us-east-1"))
     cluster_file("role_cluster", lambda c: c.update(storage={"s3": {"uri": "s3://my-trainlift-checkpoints/ray-train"}}))
     return root, files
@@ -159,6 +161,7 @@ CASES = {
     "cluster-unknown-key": lambda f, r: ["render", f["cluster_key"], "--check"],
     "cluster-efa-several-azs": lambda f, r: ["render", f["efa_cluster"], "--check"],
     "cluster-efa-without-efa": lambda f, r: ["render", f["no_efa"], "--check"],
+    "cluster-placement-without-kueue": lambda f, r: ["render", f["placement_no_kueue"], "--check"],
     "cluster-too-many-gpus": lambda f, r: ["render", f["too_many_gpus"], "--check"],
     "cluster-inline-secret": lambda f, r: ["render", f["inline_secret"], "--check"],
     "capacity-unknown-region": lambda f, r: ["capacity", "g6.12xlarge", "--region", "mars-1"],

@@ -14,7 +14,7 @@ def test_the_rendered_pods_become_a_head_and_one_raylet_per_worker_pod_with_gpus
     assert plan.head.ray_start == {"num-cpus": "0"} and plan.head.env["RAY_JOB_STOP_WAIT_TIME_S"]
     [workers] = plan.workers
     assert (workers.replicas, workers.ray_start) == (2, {"num-cpus": "4"})
-    assert workers.env["FI_PROVIDER"] == "efa" and workers.from_secrets == ("HF_TOKEN",)
+    assert "FI_PROVIDER" not in workers.env and workers.from_secrets == ("HF_TOKEN",)
     assert [uri for _, uri, _ in plan.s3_uses] == ["s3://my-trainlift-checkpoints/code/trainlift-job.zip",
                                                    "s3://my-trainlift-checkpoints/code/trainlift.zip",
                                                    "s3://my-trainlift-checkpoints/ray-train"]

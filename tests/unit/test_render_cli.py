@@ -88,8 +88,8 @@ def test_a_schema_error_writes_nothing(tmp_path, monkeypatch):
 
     original = render.render_raycluster
 
-    def broken(spec):
-        body = original(spec)
+    def broken(spec, *args):
+        body = original(spec, *args)
         body["spec"]["headGroupSpec"]["template"]["spec"]["shmSize"] = "1Gi"
         return body
 

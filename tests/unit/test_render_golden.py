@@ -19,6 +19,9 @@ from trainlift.render import JobInputs, render_cluster
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "cluster-reference.yaml"
 GOLDEN = ROOT / "tests" / "golden" / "reference"
+# The same deployment with `scheduler: none`: what render wrote before queueing was added (less the EFA variables
+# aws-ofi-nccl calls obsolete).
+GOLDEN_NO_SCHEDULER = ROOT / "tests" / "golden" / "reference-scheduler-none"
 # The reference's job: Qwen2.5-1.5B on both nodes (world size 8), its code zipped on S3.
 JOB = JobInputs(
     name="qwen2.5-1.5b-sft",
@@ -30,31 +33,33 @@ JOB = JobInputs(
 )
 
 
-def rendered() -> dict[str, str]:
-    spec = cluster_spec_from_yaml(SPEC.read_text(), source=SPEC.name)
+def rendered(extra: str = "") -> dict[str, str]:
+    spec = cluster_spec_from_yaml(SPEC.read_text() + extra, source=SPEC.name)
     return {m.path: m.text() for m in render_cluster(spec, JOB)}
 
 
-def golden_files() -> dict[str, str]:
+def golden_files(golden: Path = GOLDEN) -> dict[str, str]:
     return {
-        p.relative_to(GOLDEN).as_posix(): p.read_text()
-        for p in sorted(GOLDEN.rglob("*.yaml"))
+        p.relative_to(golden).as_posix(): p.read_text()
+        for p in sorted(golden.rglob("*.yaml"))
     }
 
 
-def test_reference_deployment_matches_golden_files():
-    actual = rendered()
+@pytest.mark.parametrize("golden, extra", [(GOLDEN, ""), (GOLDEN_NO_SCHEDULER, "\nscheduler: none\n")],
+                         ids=["default", "scheduler-none"])
+def test_reference_deployment_matches_golden_files(golden, extra):
+    actual = rendered(extra)
     if os.environ.get("TRAINLIFT_UPDATE_GOLDEN") == "1":
-        for stale in set(golden_files()) - set(actual):
-            (GOLDEN / stale).unlink()
+        for stale in set(golden_files(golden)) - set(actual):
+            (golden / stale).unlink()
         for path, text in actual.items():
-            target = GOLDEN / path
+            target = golden / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
-    expected = golden_files()
+    expected = golden_files(golden)
     assert sorted(actual) == sorted(expected), "rendered files differ from the golden set (TRAINLIFT_UPDATE_GOLDEN=1)"
     for path in actual:
-        assert actual[path] == expected[path], f"{path} differs from tests/golden/reference/{path}"
+        assert actual[path] == expected[path], f"{path} differs from {golden.relative_to(ROOT)}/{path}"
 
 
 @pytest.mark.parametrize("path, needle", [

@@ -29,6 +29,9 @@ class InstanceProfile(BaseModel):
     efa_interfaces: int = Field(0, description="EFA interfaces the instance takes; 0 when it has no EFA.")
     efa_hugepages_mib: int = Field(0, description="2 MiB hugepages (in MiB) an EFA pod requests; 0 without EFA.")
     gpudirect_rdma: bool = False
+    network_layers: int = Field(
+        0, description="Layers of EC2 network topology EKS labels the node with (topology.k8s.aws/network-node-layer-N); "
+        "0: none.")
     peak_bf16_flops_per_gpu: float = Field(0.0, description="Dense bf16 tensor peak, FLOP/s.")
     busbw_floor_gbps: float | None = Field(
         None, description="GB/s (gigabytes, as nccl-tests prints busbw): a 2-node all_reduce busbw below this fails the fabric check."

@@ -77,6 +77,7 @@ def _job_inputs(job_path: Path, job, cluster: ClusterSpec, shutdown: bool, worki
         trainlift_uri=trainlift_uri,
         shutdown_after_finish=shutdown,
         overrides=overrides,
+        max_hours=job.run.max_hours,
     )
 
 
@@ -117,7 +118,7 @@ def render(
     job_shutdown: bool = typer.Option(
         False, "--job-shutdown",
         help="The RayJob brings its own RayCluster and deletes it when the job ends "
-        "(default: run on the rendered RayCluster).",
+        "(default: run on the rendered RayCluster; with scheduler: kueue, always its own).",
     ),
     working_dir: Optional[str] = typer.Option(
         None, "--working-dir", help="Remote URI (s3://.../code.zip) of the job's working dir for the RayJob."
@@ -145,7 +146,7 @@ def render(
     summary: dict[str, Any] = {
         "spec": str(spec_path),
         "valid": True,
-        "fabric": cluster.fabric,
+        "fabric": cluster.fabric, "scheduler": cluster.scheduler,
         "image": image_ref(cluster),
         "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
     }
@@ -164,8 +165,8 @@ def render(
         where = out / m.path if out is not None else m.path
         console.print(f"{verb}  {where}  [dim]{m.kind}[/]", highlight=False)
     console.print(
-        f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, "
-        "checked against eksctl v0.230.0, KubeRay v1.7.0 CRDs and Kubernetes "
+        f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
+        f"{cluster.scheduler}, checked against eksctl v0.230.0, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "
         f"{cluster.kubernetes_version} schemas",
         highlight=False,
     )

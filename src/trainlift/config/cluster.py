@@ -156,6 +156,8 @@ class Versions(_Section):
     kuberay: str = _chart_version("kuberay-operator")
     nvidia_device_plugin: str = _chart_version("nvidia-device-plugin")
     efa_device_plugin: str = _chart_version("aws-efa-k8s-device-plugin")
+    kueue: str = _chart_version("kueue")
+    volcano: str = _chart_version("volcano")
 
 
 class ClusterSpec(_Section):
@@ -178,6 +180,12 @@ class ClusterSpec(_Section):
     secrets: list[SecretRef] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="Plain environment for every Ray pod.")
     versions: Versions = Field(default_factory=Versions)
+    scheduler: Literal["none", "kueue", "volcano"] | None = Field(
+        None, description="Who queues jobs: Kueue admits a whole RayJob or none of it; volcano gang-schedules; "
+        "none: pods go straight to the Kubernetes scheduler. Default: kueue when the cluster has GPU worker groups.")
+    placement: Literal["preferred", "required"] = Field(
+        "preferred", description="With Kueue, on instance types EKS labels with their network topology: keep a "
+        "worker group under one bottom-layer network node if it fits (preferred) or only then (required).")
 
     @field_validator("env")
     @classmethod
@@ -202,6 +210,8 @@ class ClusterSpec(_Section):
             self.image.ray_version = known
         if self.ray_version is None:
             self.ray_version = self.image.ray_version
+        if self.scheduler is None:
+            self.scheduler = "kueue" if any(w.profile.gpus for w in self.workers) else "none"
         return self
 
     @property

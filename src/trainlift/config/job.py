@@ -149,6 +149,8 @@ class RunSection(_Section):
     name: str = "run"
     storage: str = Field("runs", description="Local directory or s3://bucket/prefix; the run lives in <storage>/<name>.")
     max_failures: int = Field(2, ge=0, description="Worker-group restarts from the latest checkpoint.")
+    max_hours: float | None = Field(
+        None, gt=0, description="On a cluster: the RayJob's activeDeadlineSeconds; the job is stopped after this long.")
     trackers: list[Literal["tensorboard", "mlflow"]] = Field(
         [], description="Also log the per-step metrics to TensorBoard (<run>/tensorboard/) and/or MLflow.")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; default: MLFLOW_TRACKING_URI.")

@@ -138,7 +138,12 @@ def plan_up(spec: ClusterSpec, seen: Observed, placements: dict[str, Placement],
     if "aws-efa-k8s-device-plugin" in releases:
         creates = any(s.action == "create" for s in groups[1:])
         steps.append(plan_kube.efa_up(seen, files, releases["aws-efa-k8s-device-plugin"], creates))
-    steps.append(plan_kube.kuberay_up(seen, files, releases["kuberay-operator"]))
+    if "volcano" in releases:
+        steps.append(plan_kube.release_up(seen, files, releases["volcano"]))
+    steps.append(plan_kube.release_up(seen, files, releases["kuberay-operator"]))
+    if "kueue" in releases:
+        steps.append(plan_kube.release_up(seen, files, releases["kueue"]))
+    steps += plan_kube.queues_up(spec, seen, files)
     steps += plan_kube.service_account_up(spec, seen, files)
     steps.append(plan_kube.raycluster_up(spec, seen, files))
     steps += plan_kube.waits_up(spec, seen, files, replaced=steps[-1].action == "replace")

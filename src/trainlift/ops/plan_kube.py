@@ -20,6 +20,7 @@ from trainlift.ops.steps import waiting_for_block
 from trainlift.ops.steps import wait_op as _wait
 from trainlift.render.eksctl import WORKER_GROUP_LABEL
 from trainlift.render.helm import helm_install_args
+from trainlift.render.queues import queue_object_path, queue_objects
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
 
 PLUGIN_NAMESPACE = "kube-system"
@@ -79,12 +80,29 @@ def efa_up(seen: Observed, files: Files, release: dict[str, Any], creates_group:
     return Step(f"helm/{name}", title, observed, "install", (adopt, _helm_op(files, release, wait=False)), note=note)
 
 
-def kuberay_up(seen: Observed, files: Files, release: dict[str, Any]) -> Step:
+def release_up(seen: Observed, files: Files, release: dict[str, Any]) -> Step:
+    """A pinned release installed with --wait: KubeRay, and the scheduler whose webhooks must answer before
+    anything queued is applied."""
     title = f"Helm release {release['name']} {release['version']} ({release['namespace']})"
     observed, current = _release_state(seen, release)
     if current:
         return Step(f"helm/{release['name']}", title, observed, "nothing")
     return Step(f"helm/{release['name']}", title, observed, "install", (_helm_op(files, release, wait=True),))
+
+
+kuberay_up = release_up
+
+
+def queues_up(spec: ClusterSpec, seen: Observed, files: Files) -> list[Step]:
+    """The scheduler's queue objects (server-side apply: unchanged ones are a no-op); none with scheduler: none."""
+    objects = queue_objects(spec)
+    if not objects:
+        return []
+    ops = tuple(_run(kube.apply(files.kubeconfig, files.path(queue_object_path(i, obj))))
+                for i, obj in enumerate(objects))
+    kinds = ", ".join(f"{obj['kind']} {obj['metadata']['name']}" for obj in objects)
+    observed = "absent (new cluster)" if seen.absent else "applied on every up (server-side apply: unchanged, a no-op)"
+    return [Step("queues", f"{spec.scheduler} queues: {kinds}", observed, "apply", ops)]
 
 
 def namespace_and_secrets(spec: ClusterSpec, seen: Observed, files: Files) -> list[Step]:

@@ -1,4 +1,4 @@
-"""Pure spec -> manifests: eksctl, Helm, RayCluster, RayJob. Validated before anyone writes them.
+"""Pure spec -> manifests: eksctl, Helm, Kueue/Volcano queues, RayCluster, RayJob. Validated before anyone writes them.
 
 `render_cluster(spec)` checks trainlift's rules, renders every manifest, validates each
 against its schema, and returns them with the relative paths they belong at. Nothing
@@ -19,6 +19,7 @@ from trainlift.errors import SpecError
 from trainlift.render.eksctl import Reservations, block_active, render_eksctl
 from trainlift.render.helm import helm_install_args, render_helm_releases
 from trainlift.render.problems import raise_problems
+from trainlift.render.queues import placement_annotations, queue_labels, queue_object_path, queue_objects
 from trainlift.render.raycluster import MANAGED_BY, render_raycluster
 from trainlift.render.rayjob import JobInputs, render_rayjob
 from trainlift.render.rules import cluster_problems, reservation_problems
@@ -126,7 +127,9 @@ def render_manifests(spec: ClusterSpec, job: JobInputs | None = None,
     account = _service_account(spec)
     if account is not None:
         manifests.append(Manifest("k8s/10-serviceaccount.yaml", account, "core", k8s))
-    manifests.append(Manifest("k8s/20-raycluster.yaml", render_raycluster(spec), "crd", k8s))
+    manifests += [Manifest(queue_object_path(i, obj), obj, "crd", k8s) for i, obj in enumerate(queue_objects(spec))]
+    raycluster = render_raycluster(spec, queue_labels(spec), placement_annotations(spec))
+    manifests.append(Manifest("k8s/20-raycluster.yaml", raycluster, "crd", k8s))
     if job is not None:
         manifests.append(Manifest("k8s/30-rayjob.yaml", render_rayjob(spec, job), "crd", k8s))
     return manifests

@@ -1,4 +1,5 @@
-"""ClusterSpec -> Helm releases: NVIDIA device plugin, AWS EFA device plugin, KubeRay operator."""
+"""ClusterSpec -> Helm releases: NVIDIA device plugin, AWS EFA device plugin, KubeRay operator, and the scheduler
+(Kueue or Volcano) the spec names."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from trainlift import catalog
 from trainlift.config.cluster import ClusterSpec
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_ROLE
+from trainlift.render.queues import kuberay_values
 from trainlift.render.raycluster import toleration
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -40,8 +42,13 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
         {"key": "CriticalAddonsOnly", "operator": "Exists"},
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     ] + [t for t in tolerations if t["key"] != "nvidia.com/gpu"]
-    releases = [
-        _release("kuberay-operator", spec.versions.kuberay, {"nodeSelector": dict(SYSTEM_LABELS)}),
+    releases = []
+    if spec.scheduler == "volcano":
+        # Before KubeRay: its operator looks for Volcano's PodGroup CRD when batchScheduler.name is volcano.
+        releases.append(_release("volcano", spec.versions.volcano, {}))
+    releases += [
+        _release("kuberay-operator", spec.versions.kuberay,
+                 {"nodeSelector": dict(SYSTEM_LABELS), **kuberay_values(spec)}),
         _release(
             "nvidia-device-plugin",
             spec.versions.nvidia_device_plugin,
@@ -59,14 +66,21 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
         if tolerations:
             values["tolerations"] = tolerations
         releases.append(_release("aws-efa-k8s-device-plugin", spec.versions.efa_device_plugin, values))
+    if spec.scheduler == "kueue":
+        # After KubeRay: Kueue's ray.io integrations (on in the chart's defaults) need the Ray CRDs.
+        releases.append(_release("kueue", spec.versions.kueue, {"controllerManager": {"nodeSelector": dict(SYSTEM_LABELS)}}))
     return releases
 
 
 def helm_install_args(release: dict[str, Any], values_file: str) -> list[str]:
-    """The idempotent `helm upgrade --install` argv for a rendered release."""
+    """The idempotent `helm upgrade --install` argv for a rendered release (an OCI chart is named by its URL)."""
+    if release["repo"].startswith("oci://"):
+        source = [f"{release['repo'].rstrip('/')}/{release['chart']}"]
+    else:
+        source = [release["chart"], "--repo", release["repo"]]
     args = [
-        "helm", "upgrade", "--install", release["name"], release["chart"],
-        "--repo", release["repo"], "--version", release["version"],
+        "helm", "upgrade", "--install", release["name"], *source,
+        "--version", release["version"],
         "--namespace", release["namespace"], "--values", values_file,
     ]
     if release["createNamespace"]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from trainlift import catalog
 from trainlift.catalog.lookup import pinned_image
@@ -51,9 +51,10 @@ def fabric_env(spec: ClusterSpec) -> dict[str, str]:
     debug = NCCL_DEBUG_ENV
     if spec.fabric == "efa":
         # NCCL_NET pinned to the plugin's network: a plugin that fails to load
-        # becomes an error instead of a silent fall back to TCP sockets.
+        # becomes an error instead of a silent fall back to TCP sockets. Nothing else of libfabric's
+        # is set: aws-ofi-nccl's doc/efa-env-var.md calls FI_PROVIDER=efa, FI_EFA_FORK_SAFE and
+        # NCCL_PROTO=simple unneeded with current plugins and FI_EFA_USE_DEVICE_RDMA, RDMAV_* "do not use".
         return {
-            "FI_PROVIDER": "efa",
             "NCCL_NET_PLUGIN": nccl["ofi_plugin"],
             "NCCL_NET": nccl["ofi_network"],
             "NCCL_SOCKET_IFNAME": POD_INTERFACE,
@@ -167,7 +168,8 @@ def tolerations(w: WorkerGroup) -> list[dict[str, str]]:
     return [toleration(t) for t in w.taints]
 
 
-def worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:
+def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """`annotations`: the pod template's (the scheduler's placement request), if any."""
     profile = w.profile
     cpu, gib = pod_size(profile, WORKER_RESERVE)
     gpus = w.gpus_per_worker
@@ -187,29 +189,36 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup) -> dict[str, Any]:
     pod.update(service_account(spec))
     pod["containers"] = [container]
     pod["volumes"] = volumes
+    metadata: dict[str, Any] = {"labels": dict(MANAGED_BY)}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "groupName": w.name,
         "replicas": w.count,
         "minReplicas": w.count,
         "maxReplicas": w.count,
         "rayStartParams": {"num-gpus": str(gpus)},
-        "template": {"metadata": {"labels": dict(MANAGED_BY)}, "spec": pod},
+        "template": {"metadata": metadata, "spec": pod},
     }
 
 
-def raycluster_spec(spec: ClusterSpec) -> dict[str, Any]:
+def raycluster_spec(spec: ClusterSpec, placement: Callable[[WorkerGroup], dict[str, str]] | None = None
+                    ) -> dict[str, Any]:
+    """`placement`: a worker group's pod-template annotations (render.queues.placement_annotations)."""
     return {
         "rayVersion": spec.ray_version,
         "enableInTreeAutoscaling": False,
         "headGroupSpec": head_group(spec),
-        "workerGroupSpecs": [worker_group(spec, w) for w in spec.workers],
+        "workerGroupSpecs": [worker_group(spec, w, placement(w) if placement else None) for w in spec.workers],
     }
 
 
-def render_raycluster(spec: ClusterSpec) -> dict[str, Any]:
+def render_raycluster(spec: ClusterSpec, labels: dict[str, str] | None = None,
+                      placement: Callable[[WorkerGroup], dict[str, str]] | None = None) -> dict[str, Any]:
+    """`labels`: the scheduler's queue label, if any (a queued RayCluster holds its quota while it exists)."""
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": dict(MANAGED_BY)},
-        "spec": raycluster_spec(spec),
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": {**MANAGED_BY, **(labels or {})}},
+        "spec": raycluster_spec(spec, placement),
     }

@@ -6,6 +6,7 @@ knows the job's name, where its spec file sits in the working dir, and its scale
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import SYSTEM_LABELS
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
+from trainlift.render.queues import owns_suspend, placement_annotations, queue_labels
 from trainlift.render.raycluster import MANAGED_BY, image_ref, raycluster_spec, service_account
 
 # KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
@@ -27,7 +29,8 @@ class JobInputs:
     """name: the run's name; spec_path: the job spec's path inside the working dir;
     workers: Ray Train workers (None: one per GPU); overrides: `--set` values for `trainlift train`;
     working_dir: remote URI of the zipped project; trainlift_uri: remote URI of a zip holding the
-    trainlift package folder (the image has no trainlift)."""
+    trainlift package folder (the image has no trainlift). backoff_limit: new RayClusters KubeRay starts after a
+    failed attempt (each retry resumes from the latest complete checkpoint); max_hours: the job's deadline."""
 
     name: str
     spec_path: str
@@ -38,6 +41,8 @@ class JobInputs:
     overrides: tuple[str, ...] = ()
     ttl_seconds_after_finished: int = 300
     submitter_backoff_limit: int = 2
+    backoff_limit: int = 2
+    max_hours: float | None = None
 
 
 def k8s_name(name: str) -> str:
@@ -67,6 +72,8 @@ def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
         )
     if job.ttl_seconds_after_finished < 0:
         problems.append("ttl_seconds_after_finished: must be at least 0")
+    if job.max_hours is not None and job.max_hours <= 0:
+        problems.append(f"run.max_hours: must be more than 0 (got {job.max_hours})")
     return problems
 
 
@@ -94,26 +101,34 @@ def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
 
 
 def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
-    """With shutdown_after_finish the RayJob brings its own RayCluster and deletes it at the end;
-    otherwise it runs on the RayCluster rendered from the same cluster spec."""
+    """With shutdown_after_finish, and always under Kueue, the RayJob brings its own RayCluster and deletes it at
+    the end, and a failed attempt is retried backoff_limit times, each on a new RayCluster (KubeRay >= 1.2) that
+    resumes from the latest complete checkpoint; otherwise it runs on the RayCluster rendered from the same
+    cluster spec, which a retry would not replace, so it gets no backoffLimit."""
     problems = job_problems(cluster, job)
     if problems:
         raise SpecError("; ".join(problems))
+    own_cluster = job.shutdown_after_finish or owns_suspend(cluster)
     runtime_env = job_runtime_env(job.working_dir, [job.trainlift_uri] if job.trainlift_uri else [])
     spec: dict[str, Any] = {"entrypoint": job_entrypoint(job.spec_path, job.overrides)}
     spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True, default_flow_style=False)
     spec["submissionMode"] = "K8sJobMode"
     spec["submitterConfig"] = {"backoffLimit": job.submitter_backoff_limit}
     spec["submitterPodTemplate"] = _submitter(cluster)
-    spec["shutdownAfterJobFinishes"] = job.shutdown_after_finish
-    if job.shutdown_after_finish:
+    if own_cluster:
+        spec["backoffLimit"] = job.backoff_limit
+    if job.max_hours is not None:
+        spec["activeDeadlineSeconds"] = math.ceil(job.max_hours * 3600)
+    spec["shutdownAfterJobFinishes"] = own_cluster
+    if own_cluster:
         spec["ttlSecondsAfterFinished"] = job.ttl_seconds_after_finished
-        spec["rayClusterSpec"] = raycluster_spec(cluster)
+        spec["rayClusterSpec"] = raycluster_spec(cluster, placement_annotations(cluster))
     else:
         spec["clusterSelector"] = {"ray.io/cluster": cluster.name}
+    labels = {**MANAGED_BY, **queue_labels(cluster)}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": k8s_name(job.name), "namespace": cluster.namespace, "labels": dict(MANAGED_BY)},
+        "metadata": {"name": k8s_name(job.name), "namespace": cluster.namespace, "labels": labels},
         "spec": spec,
     }

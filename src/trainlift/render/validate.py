@@ -1,8 +1,9 @@
 """Check rendered manifests against the real schemas before anything is written.
 
-eksctl ClusterConfig: eksctl's JSON schema. RayCluster and RayJob: the KubeRay
-CRDs' openAPIV3Schema, plus a walk that flags fields the schema does not know
-(the API server would prune them silently). Core objects: kubernetes-validate.
+eksctl ClusterConfig: eksctl's JSON schema. KubeRay (RayCluster, RayJob), Kueue (ClusterQueue, LocalQueue,
+ResourceFlavor, Topology) and Volcano (Queue, PodGroup) objects: their CRDs' openAPIV3Schema at the version
+rendered, plus a walk that flags fields the schema does not know (the API server would prune them silently).
+Core objects: kubernetes-validate.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import kubernetes_validate
 import yaml
 
 EKSCTL_SCHEMA = "eksctl-v0.230.0-clusterconfig.schema.json"
-CRD_FILES = {
-    "RayCluster": "kuberay-v1.7.0-ray.io_rayclusters.yaml",
-    "RayJob": "kuberay-v1.7.0-ray.io_rayjobs.yaml",
+# kind -> (API group, CRD file)
+CRDS = {
+    "RayCluster": ("ray.io", "kuberay-v1.7.0-ray.io_rayclusters.yaml"),
+    "RayJob": ("ray.io", "kuberay-v1.7.0-ray.io_rayjobs.yaml"),
+    "ClusterQueue": ("kueue.x-k8s.io", "kueue-v0.19.2-kueue.x-k8s.io_clusterqueues.yaml"),
+    "LocalQueue": ("kueue.x-k8s.io", "kueue-v0.19.2-kueue.x-k8s.io_localqueues.yaml"),
+    "ResourceFlavor": ("kueue.x-k8s.io", "kueue-v0.19.2-kueue.x-k8s.io_resourceflavors.yaml"),
+    "Topology": ("kueue.x-k8s.io", "kueue-v0.19.2-kueue.x-k8s.io_topologies.yaml"),
+    "Queue": ("scheduling.volcano.sh", "volcano-v1.15.1-scheduling.volcano.sh_queues.yaml"),
+    "PodGroup": ("scheduling.volcano.sh", "volcano-v1.15.1-scheduling.volcano.sh_podgroups.yaml"),
 }
-CRD_GROUP = "ray.io"
+CRD_FILES = {kind: file for kind, (_, file) in CRDS.items()}
 OBJECT_META_KEYS = {"name", "namespace", "labels", "annotations"}
 MAX_MESSAGE = 160
 
@@ -57,8 +65,8 @@ def crd_schema(kind: str, version: str = "v1") -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
-def _crd_validator(kind: str) -> jsonschema.Draft7Validator:
-    return jsonschema.Draft7Validator(crd_schema(kind))
+def _crd_validator(kind: str, version: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(crd_schema(kind, version))
 
 
 def _schema_errors(validator: jsonschema.Draft7Validator, obj: Any) -> list[str]:
@@ -99,16 +107,17 @@ def _metadata_problems(meta: Any) -> list[str]:
 
 def crd_problems(obj: dict[str, Any]) -> list[str]:
     kind = obj.get("kind")
-    if kind not in CRD_FILES:
-        return [f"kind: {kind!r} is not a KubeRay kind trainlift validates"]
+    if kind not in CRDS:
+        return [f"kind: {kind!r} is not a KubeRay, Kueue or Volcano kind trainlift validates"]
+    expected_group = CRDS[kind][0]
     group, _, version = str(obj.get("apiVersion", "")).partition("/")
-    if group != CRD_GROUP:
-        return [f"apiVersion: {obj.get('apiVersion')!r} is not {CRD_GROUP}/<version>"]
+    if group != expected_group:
+        return [f"apiVersion: {obj.get('apiVersion')!r} is not {expected_group}/<version>"]
     try:
         schema = crd_schema(kind, version)
     except KeyError:
         return [f"apiVersion: {kind} has no version {version!r}"]
-    problems = _schema_errors(_crd_validator(kind) if version == "v1" else jsonschema.Draft7Validator(schema), obj)
+    problems = _schema_errors(_crd_validator(kind, version), obj)
     problems += _metadata_problems(obj.get("metadata"))
     body = {k: v for k, v in obj.items() if k != "metadata"}
     return problems + unknown_fields(body, {**schema, "properties": {
