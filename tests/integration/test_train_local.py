@@ -112,6 +112,25 @@ def test_stop_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tiny
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
 
+def test_a_full_fine_tune_resumes_from_its_checkpoint_alone(uninterrupted, tiny_spec, tiny_assets, tmp_path):
+    """model.path is deleted after the first checkpoint: the restart reads only the checkpoint (weights and model
+    config) and continues the uninterrupted run's losses (fp32, tol 1e-6)."""
+    import shutil
+
+    _, ref_dir = uninterrupted
+    base = tmp_path / "base"
+    shutil.copytree(tiny_assets / "model", base)
+    spec = tiny_spec("run.name=nobase", f"model.path={base}", f"model.tokenizer={tiny_assets / 'model'}",
+                     "checkpoint.every_steps=4")
+    assert not run_training(spec, stop_at_step=4)["finished"]
+    shutil.rmtree(base)
+    second = run_training(spec)
+    assert second["finished"] and second["resumed_from"].endswith("checkpoint_00000004")
+    got, want = losses(Path(spec.run_uri)), losses(ref_dir)
+    for step in (5, 6):
+        assert got[step] == pytest.approx(want[step], rel=1e-6), step
+
+
 @pytest.mark.parametrize("save_workers,resume_workers", [(1, 2)])
 def test_checkpoint_reshards_to_a_different_worker_count(uninterrupted, tiny_spec, save_workers, resume_workers):
     """Global batch held equal (workers x grad_accum = 2), so the resumed losses track the 2-worker

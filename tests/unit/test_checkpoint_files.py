@@ -1,6 +1,9 @@
 """Checkpoint bookkeeping on a real filesystem: only complete checkpoints count, pruning is safe."""
 
+from pathlib import Path
+
 import pyarrow.fs as pafs
+import pytest
 
 from trainlift.train.run import checkpoint
 
@@ -80,3 +83,20 @@ def test_prune_without_a_complete_checkpoint_deletes_nothing(tmp_path):
     make(tmp_path, 3, complete=False)
     assert checkpoint.prune(FS, str(tmp_path), keep=1) == []
     assert [s for s, _, _ in checkpoint.list_checkpoints(FS, str(tmp_path))] == [3]
+
+
+def test_a_run_whose_model_path_is_gone_is_checked_against_its_checkpoints_model_config(tiny_spec, tmp_path):
+    """A full fine-tune resumes from its checkpoint alone: the driver's checks read the model config saved with
+    the newest complete checkpoint when model.path no longer exists."""
+    import json
+
+    from trainlift.errors import UsageError
+    from trainlift.train.run import checkpoint, preflight
+
+    spec = tiny_spec(f"model.path={tmp_path / 'gone'}", "data.seq_len=64")
+    saved = Path(spec.run_uri) / checkpoint.dir_name(4)
+    saved.mkdir(parents=True)
+    (saved / checkpoint.MODEL_CONFIG).write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 32}))
+    (saved / checkpoint.MARKER).write_text("{}")
+    with pytest.raises(UsageError, match=r"data.seq_len: 64 is above the model's maximum of 32 positions"):
+        preflight.check(spec)

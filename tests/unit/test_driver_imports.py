@@ -42,3 +42,20 @@ def test_a_run_with_a_local_model_and_its_data_cache_needs_neither_torch_nor_tra
     again = driver_run(spec)
     assert not again["cache_built"] and again["heavy"] == []
     assert again["train_fn_bytes"] < 200  # the recipe's train function travels by name, not by value
+
+
+def test_a_full_fine_tune_resuming_without_its_model_path_is_checked_without_torch(tiny_spec, tiny_assets, tmp_path):
+    """model.path is gone: the driver takes the model config saved with the newest complete checkpoint."""
+    from trainlift.train import launch
+    from trainlift.train.run import checkpoint, preflight
+
+    spec = preflight.resolve_paths(tiny_spec(f"model.path={tmp_path / 'gone'}",
+                                             f"model.tokenizer={tiny_assets / 'model'}"))
+    launch.prepare_data(spec)
+    saved = tmp_path / "runs" / spec.run.name / checkpoint.dir_name(3)
+    saved.mkdir(parents=True)
+    config = json.loads((tiny_assets / "model" / "config.json").read_text())
+    (saved / checkpoint.MODEL_CONFIG).write_text(json.dumps(config))
+    (saved / checkpoint.MARKER).write_text("{}")
+    again = driver_run(spec)
+    assert not again["cache_built"] and again["heavy"] == []

@@ -44,3 +44,25 @@ def test_an_untied_models_embedding_is_its_own_fsdp_group_and_a_tied_ones_stays_
     assert isinstance(untied.get_input_embeddings(), FSDPModule)
     assert not isinstance(tied.get_input_embeddings(), FSDPModule)  # it shares its weight with the root's head
     assert all(isinstance(layer, FSDPModule) for layer in decoder_layers(untied))
+
+
+def test_rebuilding_unsaved_buffers_touches_only_them():
+    """Gemma 3's scaled embedding and rotary tables are non-persistent buffers (one of them on a module with a
+    parameter); rebuilding them after `to_empty` restores the built values and leaves every parameter alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainlift.train.model import weights
+
+    config = AutoConfig.for_model("gemma3_text", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=64)
+    model = AutoModelForCausalLM.from_config(config)
+    built = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    params = {name: (param, param.detach().clone()) for name, param in model.named_parameters()}
+    assert "model.embed_tokens.embed_scale" in built
+    for buffer in model.buffers():
+        buffer.fill_(1e10)
+    weights.rebuild_unsaved_buffers(model)
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, built[name]), name
+    for name, param in model.named_parameters():
+        assert param is params[name][0] and torch.equal(param, params[name][1]), name

@@ -149,11 +149,12 @@ def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
     return total / max(tokens, 1.0)
 
 
-def resume(fs, run_path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int, str | None]:
-    """Restore from the newest complete checkpoint in the run directory. Ray Train's `get_checkpoint()` is not
-    used: the controller registers a report only when it next polls the workers, so it can lag behind what
-    storage holds, and it knows nothing of the COMPLETE marker. Each rank reads only its part, from storage."""
-    latest = checkpoint.latest_complete(fs, run_path)
+def resume(fs, run_path: str, latest: tuple[int, str] | None, model, optimizer, scheduler,
+           rank: int) -> tuple[int, int, str | None]:
+    """Restore from `latest`, the newest complete checkpoint in the run directory (`checkpoint.latest_complete`).
+    Ray Train's `get_checkpoint()` is not used: the controller registers a report only when it next polls the
+    workers, so it can lag behind what storage holds, and it knows nothing of the COMPLETE marker. Each rank reads
+    only its part, from storage."""
     if rank == 0:
         checkpoint.remove_unfinished_after(fs, run_path, latest[0] if latest else -1)
     if latest is None:
@@ -221,12 +222,16 @@ class Worker:
                    storage.storage_filesystem, storage.experiment_fs_path)
 
 
-def build_model(w: Worker):
+def build_model(w: Worker, resume_from: str | None = None):
     """The model built on the meta device, sharded, then filled; returns (model, its config, its `StepFlops`).
-    With model.lora, peft adds the adapters before sharding and freezes the base weights."""
+    With model.lora, peft adds the adapters before sharding and freezes the base weights. A full fine-tune that
+    resumes from a checkpoint takes its config from it and leaves every weight to `resume`: model.path is not
+    read. LoRA still reads its frozen base from model.path."""
     lora_section = w.spec.model.lora
+    from_checkpoint = resume_from is not None and lora_section is None
+    config = checkpoint.model_config(w.fs, resume_from) if from_checkpoint else None
     attention = attention_implementation(w.spec.model.attn_implementation, w.device)
-    model = weights.empty_model(sharded_config(w.spec.model), attention)
+    model = weights.empty_model(config or sharded_config(w.spec.model), attention)
     model_config, fpt = model.config, step_flops(model)
     if lora_section is not None:
         model = lora.apply(model, lora_section)
@@ -234,6 +239,9 @@ def build_model(w: Worker):
         if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
     model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing)
+    if from_checkpoint:  # `resume` fills every weight
+        weights.zero_parameters(weights.materialize_shards(model, w.device))
+        return model, model_config, fpt
     fill_weights(model, w.spec.model, w.spec.train.seed, w.device, lora.checkpoint_key if lora_section else None)
     if lora_section is not None:
         lora.init_adapters(model, w.spec.train.seed)
@@ -326,10 +334,11 @@ def train_loop_per_worker(config: dict) -> None:
         preflight.check_stack(spec.scaling.expect_fabric)
     tokenizer = functools.cache(lambda: load_tokenizer(spec.model))  # the driver built the data cache: load it late
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
-    model, model_config, fpt = build_model(w)
+    latest = checkpoint.latest_complete(w.fs, w.run_path)
+    model, model_config, fpt = build_model(w, resume_from=latest[1] if latest else None)
     facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation}
     optimizer, scheduler = build_optimizer(model, w)
-    step, cursor, resumed_from = resume(w.fs, w.run_path, model, optimizer, scheduler, w.rank)
+    step, cursor, resumed_from = resume(w.fs, w.run_path, latest, model, optimizer, scheduler, w.rank)
     dist.barrier()
     if config.get("nccl_log_prefix") and ray.train.get_context().get_local_world_size() < w.world:  # over the network
         preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)

@@ -1,7 +1,8 @@
 """Build a causal LM without materialising it, then fill its FSDP shards in place.
 
 The seam is: `empty_model` (meta device, no memory) -> optional transform (e.g. adapters) ->
-`model.apply_fsdp` -> `materialize_shards` -> `load_safetensors` or `init_random`.
+`model.apply_fsdp` -> `materialize_shards` -> `load_safetensors` or `init_random` (or, for a full fine-tune
+that resumes, the checkpoint's load alone).
 No rank ever holds the whole model: each holds its shards plus, while filling, one tensor.
 
 Loading uses torch's `HuggingFaceStorageReader` through `torch.distributed.checkpoint.load`,
@@ -56,13 +57,54 @@ def local_model_dir(model_path: str) -> Path:
 
 
 def materialize_shards(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """Give the (sharded) meta model real, uninitialised storage on `device`, and recompute the buffers that are
-    not saved with the weights (rotary `inv_freq`) the way transformers itself does after a meta-device load."""
+    """Give the (sharded) meta model real, uninitialised storage on `device`, and rebuild the buffers that are not
+    saved with the weights (`rebuild_unsaved_buffers`)."""
     model.to_empty(device=device)
-    with torch.no_grad():
-        for module in model.modules():
-            if non_persistent_buffers(module) and not list(module.parameters(recurse=False)):
+    rebuild_unsaved_buffers(model)
+    return model
+
+
+@torch.no_grad()
+def rebuild_unsaved_buffers(model: torch.nn.Module) -> None:
+    """Recompute every non-persistent buffer (rotary `inv_freq`, Gemma's `embed_scale`) with the model's own
+    `_init_weights`, as transformers does after a meta-device load, also on modules that hold parameters."""
+    for module in model.modules():
+        if non_persistent_buffers(module):
+            with saved_tensors_on_meta(module):
                 model._init_weights(module)
+
+
+@contextlib.contextmanager
+def saved_tensors_on_meta(module: torch.nn.Module):
+    """The parameters and persistent buffers of `module` and its children swapped for storage-less stand-ins
+    meanwhile: what init code writes to them is dropped, and the real ones are put back afterwards."""
+    swapped = []
+    for owner in module.modules():
+        saved_buffers = [name for name in owner._buffers if name not in owner._non_persistent_buffers_set]
+        for table, names in ((owner._parameters, list(owner._parameters)), (owner._buffers, saved_buffers)):
+            for name in names:
+                if table[name] is not None:
+                    swapped.append((table, name, table[name]))
+                    table[name] = meta_stand_in(table[name])
+    try:
+        yield
+    finally:
+        for table, name, tensor in swapped:
+            table[name] = tensor
+
+
+def meta_stand_in(tensor: torch.Tensor) -> torch.Tensor:
+    empty = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+    return torch.nn.Parameter(empty, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else empty
+
+
+@torch.no_grad()
+def zero_parameters(model: torch.nn.Module) -> torch.nn.Module:
+    """Zeros in this rank's shard of every parameter, for a model a checkpoint fills: DCP first sets up the
+    optimizer's state with a step on the parameters, and on what `to_empty` left there (NaNs, denormals) that
+    step is slow on a CPU (2.6 s against 1.1 s for a 106M-parameter Llama; zeroing takes 0.2 s)."""
+    for param in model.parameters():
+        (param.to_local() if isinstance(param, DTensor) else param).zero_()
     return model
 
 

@@ -5,6 +5,8 @@ Layout under the run directory (local path or s3://, through a pyarrow filesyste
   checkpoint_00000010/
     .metadata, __<rank>_0.distcp   model + optimizer (DCP; reshards on load)
     trainer_state.json             step, data cursor, LR scheduler (rank 0)
+    config.json                    the model's transformers config (rank 0): a full fine-tune resumes
+                                   from the checkpoint alone, without model.path
     rng_rank<r>.pt                 each rank's RNG state
     COMPLETE                       written last, once every rank has finished
 
@@ -12,6 +14,8 @@ A directory without COMPLETE is never resumed from, and is removed once a
 newer checkpoint is complete. COMPLETE is only written after the files every
 rank uploaded are listed in storage: an upload can lose files without an error
 (pyarrow's copy_files to S3 drops a failed part upload on the floor).
+
+The bookkeeping (listing, marking, pruning, the saved model config) imports no torch: the driver uses it.
 """
 
 from __future__ import annotations
@@ -23,19 +27,10 @@ import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-
-from trainlift.train.model.dcp_reader import ArrowReader
 
 MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
+MODEL_CONFIG = "config.json"
 _NAME = re.compile(r"^checkpoint_(\d{8})$")
 
 
@@ -119,6 +114,8 @@ def remove_unfinished_after(fs: pafs.FileSystem, run_path: str, step: int) -> No
 def trainable_state(model, optimizer) -> tuple[dict, dict]:
     """Model and optimizer state without frozen weights (LoRA: the base model comes from model.path, not from
     checkpoints). A frozen weight tied under a second name (a tied LM head) escapes `ignore_frozen_params`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
     frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
@@ -126,6 +123,9 @@ def trainable_state(model, optimizer) -> tuple[dict, dict]:
 
 def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: int, rank: int, world: int) -> None:
     """This rank's part of a checkpoint, written to a local directory that Ray Train then uploads."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
     model_sd, optim_sd = trainable_state(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
     rng = {"cpu": torch.get_rng_state()}
@@ -135,11 +135,19 @@ def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: 
     if rank == 0:
         state = {"step": step, "cursor": cursor, "world_size": world, "scheduler": scheduler.state_dict()}
         (Path(local_dir) / TRAINER_STATE).write_text(json.dumps(state))
+        if getattr(model, "config", None) is not None:
+            (Path(local_dir) / MODEL_CONFIG).write_text(model.config.to_json_string(use_diff=False))
 
 
 def load(fs: pafs.FileSystem, path: str, model, optimizer, scheduler, rank: int) -> tuple[int, int]:
     """Load a checkpoint (saved by any number of ranks) into this rank, reading only the parts this rank needs
     straight from `fs` (local or S3); returns (step, data cursor)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    from trainlift.train.model.dcp_reader import ArrowReader
+
     model_sd, optim_sd = trainable_state(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, storage_reader=ArrowReader(fs, path))  # fails on any trainable key the checkpoint lacks
@@ -156,6 +164,24 @@ def load(fs: pafs.FileSystem, path: str, model, optimizer, scheduler, rank: int)
     return trainer["step"], trainer["cursor"]
 
 
+def model_config_fields(fs: pafs.FileSystem, path: str) -> dict | None:
+    """The model config saved with the checkpoint at `path`, as written; None for a checkpoint saved without one."""
+    file = f"{path}/{MODEL_CONFIG}"
+    if fs.get_file_info(file).type != pafs.FileType.File:
+        return None
+    return json.loads(_read(fs, file))
+
+
+def model_config(fs: pafs.FileSystem, path: str):
+    """The model's transformers config saved with the checkpoint at `path`, or None."""
+    fields = model_config_fields(fs, path)
+    if fields is None:
+        return None
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
+
+
 def _read(fs: pafs.FileSystem, path: str) -> bytes:
     with fs.open_input_stream(path) as stream:
         return stream.readall()
@@ -163,6 +189,9 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
 
 def load_weights_unsharded(checkpoint_dir: str, model) -> None:
     """Load a checkpoint's model weights into a plain (unsharded, single-process) model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     model_sd = get_model_state_dict(model)
     state = {"model": model_sd}
     dcp.load(state, checkpoint_id=checkpoint_dir)

@@ -70,8 +70,8 @@ def check_run_dir(spec: JobSpec) -> None:
 
 
 def model_config(spec: JobSpec):
-    """The model's transformers config: from model.path, model.config, or the hub."""
-    from transformers import AutoConfig
+    """The model's transformers config: from model.path, model.config, the run's newest checkpoint, or the hub."""
+    from transformers import AutoConfig, CONFIG_MAPPING
 
     from trainlift.train.model.build import build_config
 
@@ -79,6 +79,8 @@ def model_config(spec: JobSpec):
         return AutoConfig.from_pretrained(spec.model.path)
     if spec.model.config is not None:
         return build_config(spec.model.config)
+    if (fields := checkpointed_config_fields(spec)) is not None:
+        return CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
     try:
         return AutoConfig.from_pretrained(spec.model.path)
     except (OSError, ValueError) as exc:
@@ -87,12 +89,26 @@ def model_config(spec: JobSpec):
 
 
 def _config_fields(spec: JobSpec) -> dict[str, Any] | None:
-    """The model's config as written (config.json or model.config), without transformers; None for a hub id."""
+    """The model's config as written (config.json, model.config or the run's newest checkpoint), without
+    transformers; None for a hub id."""
     if spec.model.path and (Path(spec.model.path) / "config.json").exists():
         return json.loads((Path(spec.model.path) / "config.json").read_text())
     if isinstance(spec.model.config, str):
         return json.loads(Path(spec.model.config).read_text())
-    return spec.model.config
+    return spec.model.config if spec.model.config is not None else checkpointed_config_fields(spec)
+
+
+def checkpointed_config_fields(spec: JobSpec) -> dict[str, Any] | None:
+    """The model config saved with the run's newest complete checkpoint: a full fine-tune resumes from it alone,
+    so model.path may be gone by then."""
+    from trainlift.train.run import checkpoint
+
+    try:
+        fs, run_path = pafs.FileSystem.from_uri(spec.run_uri)
+        latest = checkpoint.latest_complete(fs, run_path)
+    except (OSError, ValueError):
+        return None
+    return checkpoint.model_config_fields(fs, latest[1]) if latest else None
 
 
 def max_positions(spec: JobSpec) -> int | None:
