@@ -349,7 +349,24 @@ def measure(ctx: Pass, micro_batch: int, ac: bool, compiled: bool, lora: dict | 
     run = recipe_run(w, model, optimizer, scheduler, synthetic_packed(ctx), fpt)
     result = throughput(run["rows"], ctx.sizes.warmup, metrics.device_peak_flops(ctx.device))
     return {**result, "build_s": build_s, "peak_memory_gib": peak_memory_gib(ctx.device),
+            "predicted_gib": predicted_allocated_gib(spec, ctx.device),
             "compiled_layers": compiled_layers, **compile_counts(compiled)}
+
+
+def predicted_allocated_gib(spec, device) -> float:
+    """What `trainlift estimate` predicts this run allocates (its total less the runtime allowance, which
+    torch.cuda.max_memory_allocated does not see: CUDA context, NCCL buffers, allocator slack)."""
+    from trainlift.estimate.memory import Workload, memory_items
+    from trainlift.estimate.shape import shape_of
+    from trainlift.ops.model_config import read_model_config
+
+    shape = shape_of(read_model_config(spec.model))
+    lora = spec.model.lora
+    gpu = device.type == "cuda"
+    workload = Workload(spec.train.micro_batch_size, spec.data.seq_len, spec.train.grad_accum,
+                        spec.model.activation_checkpointing, gpu=gpu, bf16=spec.model.dtype == "bf16",
+                        workers=1, lora_params=shape.lora_params(lora.r, lora.target_modules) if lora else 0)
+    return memory_items(shape, workload, runtime_bytes=0)["total"] / 2**30
 
 
 def largest_fitting(ctx: Pass, candidates, ac: bool, compiled: bool, lora: dict | None) -> dict:
@@ -640,9 +657,9 @@ def throughput_table(stages: dict) -> str:
             oom = ", ".join(str(m) for m in r.get("out_of_memory", {}))
             rows.append([label(r), fmt(r.get("micro_batch"), "d"), fmt(r.get("step_s") and r["step_s"] * 1000, ".1f"),
                          fmt(r.get("tokens_per_s"), ",.0f"), fmt(r.get("mfu"), ".1%"), fmt(r.get("peak_memory_gib"), ".2f"),
-                         oom, r.get("skipped") or r.get("error") or ""])
-    return bl.table(["model", "micro-batch", "ms/step", "tokens/s", "MFU", "peak memory GiB", "out of memory at",
-                     "note"], rows)
+                         fmt(r.get("predicted_gib"), ".2f"), oom, r.get("skipped") or r.get("error") or ""])
+    return bl.table(["model", "micro-batch", "ms/step", "tokens/s", "MFU", "peak memory GiB",
+                     "estimate GiB (allocated)", "out of memory at", "note"], rows)
 
 
 def checkpoint_line(s: dict) -> str:
