@@ -36,6 +36,15 @@ def trainable_note(row: dict) -> str:
     return f", {param_count(row['trainable_params'])} of {param_count(row['total_params'])} params trainable"
 
 
+def mesh_note(row: dict) -> str:
+    """', mesh 2 × 4 (replicate × shard: shard within a node, replicate across nodes)' for a start row with a mesh."""
+    mesh = row.get("mesh")
+    if not mesh:
+        return ""
+    why = f": {mesh['why']}" if mesh.get("why") else ""
+    return f", mesh {mesh['replicate']} × {mesh['shard']} (replicate × shard{why})"
+
+
 def human_line(row: dict, eta_s: float | None) -> str:
     total = row.get("total_steps")
     parts = [f"step {row['step']}/{total}" if total else f"step {row['step']}", f"loss {row['loss']:.4f}",
@@ -62,7 +71,7 @@ class ProgressLines:
             self.last_start = (row["step"], row.get("time"))  # the board repeats its latest row until the next
             note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
             attention = f", attention {row['attention']}" if row.get("attention") else ""
-            self._print(f"{note} on {row['world']} workers{attention}{trainable_note(row)}")
+            self._print(f"{note} on {row['world']} workers{mesh_note(row)}{attention}{trainable_note(row)}")
         if event != "step" or row["step"] == self.last_step:
             return
         self.last_step = row["step"]

@@ -136,6 +136,25 @@ class ScalingSection(_Section):
         return self.workers[0] if isinstance(self.workers, tuple) else self.max_workers
 
 
+class ParallelSection(_Section):
+    """How the workers split the model (FSDP2): `replicate` × `shard` workers, dim 0 replicates, dim 1 shards (HSDP)."""
+
+    replicate: int | Literal["auto"] = Field(
+        "auto", description="Copies of the sharded model (across nodes); 1: plain FSDP over every worker. auto: "
+        "the number of nodes when the sharded state fits one node (see shard), else 1.")
+    shard: int | Literal["auto"] = Field(
+        "auto", description="Workers each copy is sharded over (within a node); must divide a node's workers when "
+        "replicate > 1. auto: a node's workers when parameters, gradients and optimizer state sharded over one node "
+        "take at most half of a worker's memory (the memory estimate's items), else every worker.")
+
+    @field_validator("replicate", "shard")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+
 class CheckpointSection(_Section):
     every_steps: int = Field(50, ge=0, description="0: no periodic checkpoints.")
     keep: int = Field(2, ge=1)
@@ -186,6 +205,7 @@ class JobSpec(_Section):
     data: DataSection
     train: TrainSection = TrainSection()
     scaling: ScalingSection = ScalingSection()
+    parallel: ParallelSection = ParallelSection()
     checkpoint: CheckpointSection = CheckpointSection()
     export: ExportSection = ExportSection()
     run: RunSection = RunSection()

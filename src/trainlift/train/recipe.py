@@ -27,7 +27,7 @@ from trainlift.train.model import export, lora, weights
 from trainlift.train.model.build import (StepFlops, apply_fsdp, attention_implementation, fill_weights, load_tokenizer,
                                          sharded_config, step_flops)
 from trainlift.train.model.loss import token_loss_sum
-from trainlift.train.run import checkpoint, preflight
+from trainlift.train.run import checkpoint, mesh as meshes, preflight
 from trainlift.train.run.runlog import RunLog
 
 
@@ -208,6 +208,7 @@ class Worker:
     bf16: bool
     fs: Any
     run_path: str
+    mesh: meshes.Mesh | None = None  # chosen by `build_model` when not given
 
     @classmethod
     def from_context(cls, spec: JobSpec) -> "Worker":
@@ -238,7 +239,10 @@ def build_model(w: Worker, resume_from: str | None = None):
         fpt = StepFlops(lora.flops_per_token(fpt.base, model), fpt.attention)
         if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
-    model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing)
+    if w.mesh is None:
+        w.mesh = meshes.agree(w.spec, w, model_config, lora.parameter_counts(model)["trainable_params"]
+                              if lora_section is not None else 0)
+    model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing, w.mesh.shape)
     if from_checkpoint:  # `resume` fills every weight
         weights.zero_parameters(weights.materialize_shards(model, w.device))
         return model, model_config, fpt
@@ -336,7 +340,7 @@ def train_loop_per_worker(config: dict) -> None:
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
     latest = checkpoint.latest_complete(w.fs, w.run_path)
     model, model_config, fpt = build_model(w, resume_from=latest[1] if latest else None)
-    facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation}
+    facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation, "mesh": w.mesh.as_dict()}
     optimizer, scheduler = build_optimizer(model, w)
     step, cursor, resumed_from = resume(w.fs, w.run_path, latest, model, optimizer, scheduler, w.rank)
     dist.barrier()

@@ -104,15 +104,26 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool):
-    """Shard every decoder layer, then the root, and leave the model in train mode. bf16 compute with fp32
-    gradient reduction on GPU. `fully_shard` moves one layer at a time to the mesh's device (none on meta)."""
+def device_mesh(device: torch.device, mesh_shape: tuple[int, int] | None = None):
+    """A 1-D mesh over every worker (plain FSDP) or, for (replicate, shard) with replicate > 1, the 2-D mesh of
+    HSDP: dim 0 replicates, dim 1 shards (consecutive ranks form a shard group)."""
+    replicate, shard = mesh_shape or (1, dist.get_world_size())
+    if replicate == 1:
+        return init_device_mesh(device.type, (shard,))
+    return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+
+
+def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool,
+               mesh_shape: tuple[int, int] | None = None):
+    """Shard every decoder layer, then the root, over `device_mesh(device, mesh_shape)`, and leave the model in
+    train mode. bf16 compute with fp32 gradient reduction on GPU. `fully_shard` moves one layer at a time to the
+    mesh's device (none on meta)."""
     # from_pretrained returns eval mode, and HF checkpoints activations (and applies dropout) only in train mode.
     model.train()
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = device_mesh(device, mesh_shape)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()

@@ -1,5 +1,6 @@
-"""What is checked before training: on the driver before Ray starts (`check`, `check_model_readable_by_workers`),
-and on each worker before its first step (`check_stack`, then `check_transport` after the first collective)."""
+"""What is checked before training: on the driver before Ray starts (`check`, `check_model_readable_by_workers`;
+`check_parallel` once the worker count is known), and on each worker before its first step (`check_stack`, then
+`check_transport` after the first collective)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
 from trainlift.errors import UsageError
 from trainlift.train.data import source as datasource
-from trainlift.train.run import trackers
+from trainlift.train.run import mesh, trackers
 
 
 def _local(path: str | None) -> str | None:
@@ -136,9 +137,16 @@ def check(spec: JobSpec) -> JobSpec:
         from trainlift.train.model import lora
 
         lora.validate(model_config(spec), spec.model.lora)
+    check_parallel(spec, spec.scaling.max_workers)
     trackers.check(spec)
     check_run_dir(spec)
     return spec
+
+
+def check_parallel(spec: JobSpec, workers: int | None) -> None:
+    """Explicit `parallel` degrees make the run's (max) worker count; None: not known before Ray starts."""
+    if workers is not None and (spec.parallel.replicate, spec.parallel.shard) != ("auto", "auto"):
+        mesh.explicit_degrees(spec.parallel.replicate, spec.parallel.shard, workers)
 
 
 def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str) -> None:
