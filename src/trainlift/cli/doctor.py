@@ -181,6 +181,33 @@ def nccl_log(
         raise typer.Exit(1)
 
 
+@doctor_app.command("topology")
+def topology(
+    ray_cluster: str = typer.Argument(..., help="The job's RayCluster (a RayJob's is named in its status)."),
+    kubeconfig: Path = typer.Option(..., help="The cluster's kubeconfig, e.g. .trainlift/<cluster>/kubeconfig."),
+    namespace: str = typer.Option("default", help="The RayCluster's namespace."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """How many layer-3 network nodes (EKS label topology.k8s.aws/network-node-layer-3) a job's nodes span."""
+    from trainlift.cloud.capacity import Unknown
+    from trainlift.doctor.topology import layer3_line, layer3_span, pod_node_names
+    from trainlift.errors import TrainliftError
+    from trainlift.ops.kube import Kube
+
+    if not kubeconfig.is_file():
+        raise UsageError(f"--kubeconfig {kubeconfig}: no such file",
+                         hint="`trainlift cluster up` writes it to .trainlift/<cluster>/kubeconfig")
+    got = Kube(str(kubeconfig)).job_topology(namespace, ray_cluster)
+    if isinstance(got, Unknown):
+        raise TrainliftError(f"cannot read RayCluster {namespace}/{ray_cluster}'s nodes: {got.reason}")
+    pods, nodes = got
+    span = layer3_span(nodes, pod_node_names(pods))
+    if as_json:
+        print_json({"ray_cluster": ray_cluster, "namespace": namespace, **span})
+    else:
+        console.print(f"{ray_cluster}: {layer3_line(span)}", markup=False, highlight=False)
+
+
 @doctor_app.command("fabric")
 def fabric(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address; default: a local Ray."),

@@ -156,7 +156,7 @@ def _submit_and_follow(spec, plan, entry: str, runtime_env: dict, job_id: str, a
                        json_out: bool, verbose: bool) -> None:
     from trainlift.ops import jobs
 
-    job_client = jobs.client(address)
+    job_client = jobs.client(address, gone=lambda: jobs.submit_gone(spec.run.name, _run_uri(spec)))
     submitted_at = time.time()
     job_id, created = jobs.submit(job_client, job_id, entry, runtime_env, {jobs.RUN_METADATA: spec.run.name})
     if not json_out:
@@ -172,6 +172,13 @@ def _submit_and_follow(spec, plan, entry: str, runtime_env: dict, job_id: str, a
                           f"stop: trainlift jobs stop {job_id}")
         raise typer.Exit(130) from None
     _finish(job_client, job_id, status, json_out, {**details, "time_to_first_step_s": to_first_step})
+
+
+def _run_uri(spec) -> str:
+    """Where the run's checkpoints are, as seen from here (a local run.storage is relative to this directory)."""
+    if spec.is_remote_storage:
+        return spec.run_uri
+    return str((Path.cwd() / spec.run.storage).resolve() / spec.run.name)
 
 
 def _check_cluster_serves(cluster_file: Path, spec) -> None:
@@ -204,20 +211,53 @@ def jobs_list(address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
 
 
 @jobs_app.command("status")
-def jobs_status(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+def jobs_status(job_id: str = typer.Argument(..., help="The job's submission id; with --kubeconfig, a RayJob's name."),
+                address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+                kubeconfig: Optional[Path] = typer.Option(
+                    None, help="Read RayJob JOB_ID's Kueue admission (queued, position, admitted, evicted) through "
+                    "this kubeconfig, e.g. .trainlift/<cluster>/kubeconfig."),
+                namespace: str = typer.Option("default", help="The RayJob's namespace (with --kubeconfig)."),
                 json_out: bool = typer.Option(False, "--json")) -> None:
-    """One job's status and message."""
+    """One job's status and message; a job that ended because its head or node went away says so."""
+    from trainlift.job_state import ended_cause, job_line
     from trainlift.ops import jobs
 
-    job_client = jobs.client(jobs.resolve_address(address))
+    if kubeconfig is not None:
+        return _rayjob_status(kubeconfig, namespace, job_id, json_out)
+    job_client = jobs.client(jobs.resolve_address(address), gone=jobs.status_gone(job_id))
     try:
         row = jobs.job_row(job_client.get_job_info(job_id))
     except RuntimeError:
-        raise UsageError(f"no job {job_id!r} on this cluster", hint="trainlift jobs list") from None
+        raise UsageError(f"no job {job_id!r} on this cluster",
+                         hint="trainlift jobs list; a restarted head knows none of the jobs of the one before: "
+                              "resubmit the spec, it resumes from the run's latest complete checkpoint") from None
     if json_out:
-        print_json(row)
+        print_json({**row, "cause": ended_cause(row["status"], row["message"])})
     else:
-        console.print(f"{row['id']}: {row['status']}" + (f" — {row['message']}" if row["message"] else ""))
+        console.print(job_line(row), markup=False, highlight=False)
+
+
+def _rayjob_status(kubeconfig: Path, namespace: str, name: str, json_out: bool) -> None:
+    """A RayJob's place in Kueue: its Workload's state, with its queue position while pending."""
+    from trainlift.cloud.capacity import Unknown
+    from trainlift.errors import TrainliftError
+    from trainlift.job_state import workload_line
+    from trainlift.ops.kube import Kube
+
+    if not kubeconfig.is_file():
+        raise UsageError(f"--kubeconfig {kubeconfig}: no such file",
+                         hint="`trainlift cluster up` writes it to .trainlift/<cluster>/kubeconfig")
+    got = Kube(str(kubeconfig)).rayjob_workload(namespace, name)
+    if isinstance(got, Unknown):
+        raise TrainliftError(f"cannot read RayJob {namespace}/{name}'s Kueue Workload: {got.reason}")
+    workload, summary = got
+    line = (workload_line(workload, summary) if workload else
+            "no Kueue Workload (the RayJob has no kueue.x-k8s.io/queue-name label, or Kueue has not seen it yet)")
+    if json_out:
+        print_json({"rayjob": name, "namespace": namespace, "state": line,
+                    "workload_status": (workload or {}).get("status")})
+    else:
+        console.print(f"{name}: {line}", markup=False, highlight=False)
 
 
 @jobs_app.command("logs")

@@ -3,7 +3,7 @@
 The recipe keeps fp32 master weights, fp32 gradients and AdamW's two fp32 moments, sharded over the workers
 (FSDP2); it computes in bf16 on GPUs and fp32 on CPUs. Activations are the tensors autograd saves per token of
 a decoder layer (checked on the CPU against the peak of a real forward and backward: docs/BENCHMARKS.md
-benchmark 14). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
+benchmark 15). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
 logits chunk and the LM head's gradient are held then; the sharded gradients of the previous step were freed
 (`zero_grad(set_to_none=True)`) and this step's grow while the activations shrink, so the total counts the
 larger of the two unless gradient accumulation keeps gradients across micro-batches.

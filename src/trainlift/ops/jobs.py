@@ -36,20 +36,54 @@ def resolve_address(address: str | None) -> str:
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         state = localray.read_state()
-        if state is None:
+        address = state["dashboard_url"] if state else localray.last_dashboard_url()
+        if address is None:
             raise UsageError("no Ray address", hint="pass --address http://HEAD:8265, set RAY_ADDRESS, or run "
                                                     "`trainlift local up`")
-        address = state["dashboard_url"]
     if "://" not in address:
         address = f"http://{address}"
     return address.rstrip("/")
 
 
-def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Fail fast with one line: the SDK's own retries take far longer on a dead address."""
+def check_reachable(address: str, timeout: float = 5.0, gone: str | Callable[[], str] = "") -> None:
+    """Fail fast with one line: the SDK's own retries take far longer on a dead address. `gone`: what that means
+    for the command at hand (its job, its run), appended to the line."""
     if localray.dashboard_up(address, timeout=timeout):
         return
-    raise TrainliftError(f"cannot reach the Ray dashboard at {address}", hint=PORT_FORWARD_HINT)
+    gone = gone() if callable(gone) else gone
+    raise TrainliftError(f"cannot reach the Ray dashboard at {address}{gone}", hint=PORT_FORWARD_HINT)
+
+
+def status_gone(job_id: str) -> str:
+    return (f": the head is gone or unreachable, and with it what Ray knew of job {job_id}; once a head is up "
+            "(`trainlift local up`, or on EKS the RayJob's retry), resubmit the job's spec: it resumes from the "
+            "run's latest complete checkpoint")
+
+
+def submit_gone(run_name: str, run_uri: str) -> str:
+    """The head-gone clause for `submit`, with the step a resubmission will resume at when the run's storage
+    is readable from here."""
+    step = latest_checkpoint_step(run_uri)
+    if step is False:
+        then = "once a head is up, this same command resumes from the run's latest complete checkpoint"
+    elif step is None:
+        then = f"run {run_name!r} has no complete checkpoint yet: once a head is up, this same command starts it over"
+    else:
+        then = f"once a head is up, this same command resumes run {run_name!r} from its checkpoint at step {step}"
+    return f": the head is gone or unreachable; {then}"
+
+
+def latest_checkpoint_step(run_uri: str) -> int | None | bool:
+    """The run's latest complete checkpoint step, None without one, False when its storage is not readable here."""
+    from trainlift.rundir import open_uri
+    from trainlift.train.run.checkpoint import latest_complete
+
+    try:
+        fs, path = open_uri(run_uri)
+        latest = latest_complete(fs, path.rstrip("/"))
+    except (OSError, TrainliftError):
+        return False
+    return latest[0] if latest else None
 
 
 def auth_headers() -> dict[str, str]:
@@ -61,11 +95,11 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def client(address: str):
+def client(address: str, gone: str | Callable[[], str] = ""):
     from ray.job_submission import JobSubmissionClient
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # the SDK logs every upload step at INFO
-    check_reachable(address)
+    check_reachable(address, gone=gone)
     try:
         return JobSubmissionClient(address, headers=auth_headers())
     except Exception as exc:  # noqa: BLE001 - the SDK raises several types; show its first line only

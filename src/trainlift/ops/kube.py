@@ -252,3 +252,34 @@ class Kube:
             return RayState(exists=False)
         pods = self._get("kubectl", ["get", "pods", "-n", namespace, "-l", f"ray.io/cluster={name}", "-o", "json"])
         return parse_raycluster(json.dumps(items[0]), "[]" if isinstance(pods, Unknown) else pods)
+
+    def rayjob_workload(self, namespace: str, name: str) -> tuple[dict | None, dict | None] | Unknown:
+        """The Kueue Workload of RayJob `name` (found by the job-uid label Kueue puts on it) and, while it is
+        pending, its LocalQueue's pending workloads from Kueue's visibility API (None where that is not served)."""
+        job = self._get("kubectl", ["get", "rayjobs.ray.io", name, "-n", namespace, "-o", "json"])
+        if isinstance(job, Unknown):
+            return job
+        uid = json.loads(job).get("metadata", {}).get("uid", "")
+        found = self._get("kubectl", ["get", "workloads.kueue.x-k8s.io", "-n", namespace, "-l",
+                                      f"kueue.x-k8s.io/job-uid={uid}", "-o", "json"])
+        if isinstance(found, Unknown):
+            return found
+        items = _items(found)
+        if not items:
+            return None, None
+        workload = items[0]
+        queue = (workload.get("spec") or {}).get("queueName")
+        if not queue or (workload.get("status") or {}).get("admission"):
+            return workload, None
+        raw = self._get("kubectl", ["get", "--raw", f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}"
+                                                    f"/localqueues/{queue}/pendingworkloads"])
+        return workload, None if isinstance(raw, Unknown) else json.loads(raw)
+
+    def job_topology(self, namespace: str, ray_cluster: str) -> tuple[list[dict], list[dict]] | Unknown:
+        """The pods of a RayCluster and every node (their labels carry the network topology)."""
+        pods = self._get("kubectl", ["get", "pods", "-n", namespace, "-l", f"ray.io/cluster={ray_cluster}",
+                                     "-o", "json"])
+        if isinstance(pods, Unknown):
+            return pods
+        nodes = self._get("kubectl", ["get", "nodes", "-o", "json"])
+        return nodes if isinstance(nodes, Unknown) else (_items(pods), _items(nodes))

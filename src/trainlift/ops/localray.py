@@ -99,6 +99,12 @@ def read_state() -> dict[str, Any] | None:
     return state if _alive(state["pid"]) else None
 
 
+def last_dashboard_url() -> str | None:
+    """The dashboard of the last head `up` recorded, alive or not: a command aimed at a head that died says so."""
+    path = state_file()
+    return json.loads(path.read_text()).get("dashboard_url") if path.is_file() else None
+
+
 def status() -> dict[str, Any]:
     state = read_state()
     if state is None:
