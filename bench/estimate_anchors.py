@@ -75,7 +75,7 @@ def main() -> None:
         "(far above 80 GiB), full checkpointing keeps one layer's inputs; torchtitan's selective checkpointing "
         "(every other matmul's output kept) sits between the two, and its 82.4 GiB is the allocator's reserved "
         "peak, above what is allocated.")
-    benchlib.record("15. Estimate against published numbers", [benchlib.load()], body, key="estimate_anchors")
+    benchlib.record("17. Estimate against published numbers", [benchlib.load()], body, key="estimate_anchors")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from trainlift.estimate import assumptions
 from trainlift.estimate.memory import CHUNK_ELEMENTS, GPU_CHUNK_TOKENS, Workload, memory_items
 from trainlift.estimate.plan import Target, plan
 from trainlift.estimate.shape import shape_of
-from trainlift.estimate.timing import Fabric, collective_bytes_per_step, model_flops_per_token, step_timing
+from trainlift.estimate.timing import (Fabric, collective_bytes_per_step, model_flops_per_token,
+                                      replica_bytes_per_step, step_timing)
 from trainlift.train.model import loss
 from trainlift.train.model.build import step_flops
 
@@ -83,6 +84,34 @@ def test_lora_keeps_the_frozen_base_in_the_compute_dtype_and_trains_only_the_ada
     items = memory_items(m, w, runtime_bytes=0)
     assert items["parameters"] == (4 * lora + 2 * m.params) / 2
     assert items["gradients"] == 4 * lora / 2 and items["optimizer"] == 8 * lora / 2
+
+
+def test_hsdp_shards_the_state_over_a_shard_group_and_all_reduces_gradient_shards_across_replicas():
+    m = small_shape()
+    w = Workload(2, 32, 1, False, gpu=True, bf16=True, workers=8, shard=4)
+    items = memory_items(m, w, runtime_bytes=0)
+    assert (w.replicas, w.shard_group) == (2, 4)
+    assert items["parameters"] == 4 * m.params / 4 and items["optimizer"] == 8 * m.params / 4
+    assert collective_bytes_per_step(m, w) == (2 * 2 * m.params + 4 * m.params) * 3 / 4  # bf16 gathers twice, fp32 reduce
+    assert replica_bytes_per_step(m, w) == 4 * m.params / 4 * 2 * 1 / 2
+    timing = step_timing(m, w, Fabric(peak_flops=1e18, mfu=1.0, busbw_gbps=100, replica_busbw_gbps=1))
+    assert timing.comm_s == pytest.approx(collective_bytes_per_step(m, w) / 100e9 + replica_bytes_per_step(m, w) / 1e9)
+
+
+def test_the_estimate_picks_the_mesh_the_recipe_would():
+    """train.run.mesh's rule: a 1.5B model's state fits one g6.12xlarge node, a 70B one does not fit one p5."""
+    spec = job(data={"train": "t.jsonl", "seq_len": 2048}, train={"micro_batch_size": 1})
+    qwen = shape_of(AutoConfig.for_model("qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936))
+    two_g6 = plan(spec, qwen, Target(catalog.lookup("g6.12xlarge"), 2))
+    assert (two_g6.mesh.replicate, two_g6.mesh.shard) == (2, 4) and two_g6.workload.shard_group == 4
+    four_p5 = plan(spec, llama_70b(), Target(catalog.lookup("p5.48xlarge"), 4))
+    assert (four_p5.mesh.replicate, four_p5.mesh.shard) == (1, 32)
+    checkpointed = {"config": {"model_type": "llama"}, "tokenizer": "t", "activation_checkpointing": True}
+    forced = plan(job(parallel={"shard": 8}, model=checkpointed, data={"train": "t.jsonl", "seq_len": 2048}),
+                  llama_70b(), Target(catalog.lookup("p5.48xlarge"), 4))
+    assert not forced.fits and (forced.mesh.replicate, forced.mesh.shard) == (4, 8)
+    assert any(a.change.startswith("parallel.replicate: 1") and a.fits for a in forced.advice)
 
 
 def test_gradient_accumulation_keeps_gradients_and_syncing_at_the_last_micro_batch_keeps_them_whole():

@@ -136,8 +136,10 @@ def print_estimate(result) -> None:
     w = result.workload
     where = "per GPU" if w.gpu else "per worker (host memory)"
     precision = "bf16 compute" if w.bf16 else "fp32"
+    mesh = (f"HSDP {w.replicas} x {w.shard_group} (replicate x shard)" if w.replicas > 1
+            else f"FSDP over {w.workers}")
     console.print(f"[bold]estimate[/] {result.job.run.name} on {result.target.describe()}: {w.workers} workers, "
-                  f"FSDP over {w.workers}, {precision}", highlight=False)
+                  f"{mesh}, {precision}", highlight=False)
     unit, size = ("GiB", GIB) if items["total"] >= 4 * GIB else ("MiB", 2**20)
     console.print(f"memory {where}, {unit}", highlight=False)
     for key, note in _ITEMS.items():
@@ -148,6 +150,10 @@ def print_estimate(result) -> None:
               else f"{-spare / GIB:.1f} GiB too much")
     console.print(f"  {'total':<12}{items['total'] / size:>8.2f}  of {result.capacity_bytes / size:,.1f}: {verdict} "
                   f"({margin})", highlight=False)
+    if not w.gpu:
+        console.print("  (memory in use; glibc's malloc keeps what tensors free, so a worker's resident memory can be "
+                      "well above it (1.5-2x for a 134M-parameter model): MALLOC_MMAP_THRESHOLD_=131072 in the environment of `trainlift train` holds "
+                      "it near the estimate, with slower steps; docs/BENCHMARKS.md benchmark 15)", highlight=False)
     if w.grad_accum == 1:
         console.print("  (gradients grow while activations are freed: the total counts the larger of the two)",
                       highlight=False)

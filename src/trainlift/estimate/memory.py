@@ -1,7 +1,7 @@
 """Memory per worker (a GPU's, or a CPU worker's host memory) of the training recipe, item by item.
 
 The recipe keeps fp32 master weights, fp32 gradients and AdamW's two fp32 moments, sharded over the workers
-(FSDP2); it computes in bf16 on GPUs and fp32 on CPUs. Activations are the tensors autograd saves per token of
+(FSDP2), or over one shard group of an HSDP mesh; it computes in bf16 on GPUs and fp32 on CPUs. Activations are the tensors autograd saves per token of
 a decoder layer (checked on the CPU against the peak of a real forward and backward: docs/BENCHMARKS.md
 benchmark 15). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
 logits chunk and the LM head's gradient are held then; the sharded gradients of the previous step were freed
@@ -35,6 +35,15 @@ class Workload:
     workers: int
     lora_params: int = 0
     accum_sync_last: bool = False
+    shard: int = 0  # workers each copy of the model is sharded over (HSDP); 0: all of them (plain FSDP)
+
+    @property
+    def shard_group(self) -> int:
+        return self.shard or self.workers
+
+    @property
+    def replicas(self) -> int:
+        return self.workers // self.shard_group
 
     @property
     def tokens(self) -> int:
@@ -73,9 +82,9 @@ def memory_items(m: ModelShape, w: Workload, runtime_bytes: float | None = None)
     trainable = m.params if full else w.lora_params
     frozen_bytes = 0 if full else m.params * b
     items: dict[str, float] = {
-        "parameters": (4 * trainable + frozen_bytes) / w.workers,
-        "gradients": 4 * trainable / (1 if w.accum_sync_last and w.grad_accum > 1 else w.workers),
-        "optimizer": 8 * trainable / w.workers,
+        "parameters": (4 * trainable + frozen_bytes) / w.shard_group,
+        "gradients": 4 * trainable / (1 if w.accum_sync_last and w.grad_accum > 1 else w.shard_group),
+        "optimizer": 8 * trainable / w.shard_group,
     }
     head_grad = b * m.vocab * m.hidden if full else 0
     layer_grad = (m.layer_params if full else w.lora_params // m.layers) * (b + (4 if w.bf16 else 0))

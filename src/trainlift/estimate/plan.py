@@ -13,6 +13,7 @@ from trainlift.estimate import assumptions
 from trainlift.estimate.memory import GIB, Workload, memory_items, runtime_sources
 from trainlift.estimate.shape import ModelShape
 from trainlift.estimate.timing import Fabric, Timing, step_timing
+from trainlift.train.run.mesh import STATE_ITEMS, Mesh, choose_mesh
 
 MAX_NODES = 64
 ADVICE_LORA_RANK = 16
@@ -67,6 +68,7 @@ class Estimate:
     timing: Timing | None
     fabric: Fabric | None
     mfu: assumptions.Figure | None
+    mesh: Mesh | None = None
     advice: list[Advice] = field(default_factory=list)
 
     @property
@@ -88,6 +90,7 @@ class Estimate:
         return {
             "fits": self.fits, "target": self.target.describe(), "device": "cuda" if self.workload.gpu else "cpu",
             "workers": self.workload.workers,
+            "mesh": self.mesh.as_dict() if self.mesh else None,
             "per_gpu_gib": {key: round(value / GIB, 3) for key, value in self.items.items()},
             "gpu_gib": round(self.capacity_bytes / GIB, 2) if self.workload.gpu else None,
             "host_gib_per_worker": None if self.workload.gpu else round(self.capacity_bytes / GIB, 2),
@@ -109,6 +112,15 @@ def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def mesh_for(job: JobSpec, shape: ModelShape, target: Target, w: Workload, capacity: float) -> Mesh:
+    """The mesh the recipe would choose (`train.run.mesh`), workers filling the nodes in order."""
+    per_node = target.instance.gpus if target.instance else w.workers
+    nodes = [rank // per_node for rank in range(w.workers)]
+    state = memory_items(shape, w.but(workers=1, shard=0, grad_accum=1), runtime_bytes=0)
+    return choose_mesh(job.parallel.replicate, job.parallel.shard, nodes, sum(state[k] for k in STATE_ITEMS),
+                       capacity)
+
+
 def workload_for(job: JobSpec, shape: ModelShape, target: Target) -> Workload:
     gpu = target.instance is not None
     workers = job.scaling.max_workers or target.gpus or 1
@@ -124,42 +136,45 @@ def workload_for(job: JobSpec, shape: ModelShape, target: Target) -> Workload:
         lora_params=shape.lora_params(lora.r, lora.target_modules) if lora else 0, accum_sync_last=accum_last)
 
 
-def _fabric(target: Target, workers: int) -> tuple[Fabric, assumptions.Figure]:
+def _fabric(target: Target, w: Workload) -> tuple[Fabric, assumptions.Figure]:
     profile = target.instance
-    across_nodes = workers > profile.gpus
     node_link = assumptions.figure("node_link_gbps", profile.gpu_model)
-    if across_nodes:
-        # The catalog's floor is half of the published or line-rate 2-node all_reduce bus bandwidth.
-        busbw = 2 * (profile.busbw_floor_gbps or profile.network_gbps / 16)
-    else:
-        busbw = node_link.value if node_link else profile.network_gbps / 8
+    # The catalog's floor is half of the published or line-rate 2-node all_reduce bus bandwidth.
+    network = 2 * (profile.busbw_floor_gbps or profile.network_gbps / 16)
+    within_node = node_link.value if node_link else profile.network_gbps / 8
+    shard_busbw = within_node if w.shard_group <= profile.gpus else network
     mfu, _ = assumptions.mfu(profile.gpu_model)
-    return Fabric(profile.peak_bf16_flops_per_gpu, mfu.value, busbw), mfu
+    return Fabric(profile.peak_bf16_flops_per_gpu, mfu.value, shard_busbw, network), mfu
 
 
 def plan(job: JobSpec, shape: ModelShape, target: Target, *, advise: bool = True) -> Estimate:
     w = workload_for(job, shape, target)
-    return _estimate(job, shape, target, w, advise)
+    mesh = mesh_for(job, shape, target, w, _capacity(target, w))
+    return _estimate(job, shape, target, w.but(shard=mesh.shard), advise, mesh)
 
 
-def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advise: bool) -> Estimate:
-    items = memory_items(shape, w)
+def _capacity(target: Target, w: Workload) -> float:
     if target.instance is None:
-        capacity = target.host_memory_bytes / w.workers
-        timing, fabric, mfu = None, None, None
-    else:
-        capacity = target.instance.gpu_memory_mib * 2**20
-        fabric, mfu = _fabric(target, w.workers)
+        return target.host_memory_bytes / w.workers
+    return target.instance.gpu_memory_mib * 2**20
+
+
+def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advise: bool,
+              mesh: Mesh | None = None) -> Estimate:
+    items, capacity = memory_items(shape, w), _capacity(target, w)
+    timing, fabric, mfu = None, None, None
+    if target.instance is not None:
+        fabric, mfu = _fabric(target, w)
         timing = step_timing(shape, w, fabric)
-    result = Estimate(job, target, w, items, capacity, timing, fabric, mfu)
-    if advise and not result.fits:
-        result = Estimate(job, target, w, items, capacity, timing, fabric, mfu, _advice(job, shape, target, w))
-    return result
+    advice = _advice(job, shape, target, w) if advise and items["total"] > capacity else []
+    return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice)
 
 
 def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[Advice]:
     """The changes that would make the job fit, cheapest run first; unfitting ones only when none fits."""
     options: list[tuple[str, Target, Workload]] = []
+    if w.replicas > 1:
+        options.append(("parallel.replicate: 1 (plain FSDP: every worker shards the model)", target, w.but(shard=0)))
     if not w.activation_checkpointing:
         options.append(("model.activation_checkpointing: true", target, w.but(activation_checkpointing=True)))
     if w.micro_batch > 1:
@@ -188,7 +203,7 @@ def _more_nodes(job: JobSpec, shape: ModelShape, target: Target, w: Workload) ->
             continue
         for nodes in range(target.nodes + 1, MAX_NODES + 1):
             bigger = target.with_nodes(nodes)
-            scaled = workload.but(workers=bigger.gpus)
+            scaled = workload.but(workers=bigger.gpus, shard=0)
             if memory_items(shape, scaled)["total"] <= target.instance.gpu_memory_mib * 2**20:
                 found.append((f"{nodes} nodes ({bigger.gpus} workers){suffix}", bigger, scaled))
                 break

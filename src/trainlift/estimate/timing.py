@@ -4,7 +4,8 @@ FLOPs per token (PaLM appendix B, as torchtitan counts them): 6 per parameter a 
 head's included, the embedding's lookup not), plus 12·L·H·Q·T for attention; a frozen LoRA base costs 4 per
 weight (no weight gradient); activation checkpointing runs the decoder's forward twice. FSDP moves per
 micro-batch the parameters twice (all-gather in forward and backward) and the gradients once (reduce-scatter,
-fp32 on GPUs); it overlaps them with compute, so a step takes the longer of the two.
+fp32 on GPUs) within a shard group; HSDP adds an all-reduce of each gradient shard across the replicas. FSDP
+overlaps them with compute, so a step takes the longer of the two.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from trainlift.estimate.shape import ModelShape
 @dataclass(frozen=True)
 class Fabric:
     """What the GPUs compute and move: peak FLOP/s per GPU, the MFU assumed, and the bus bandwidth (GB/s, as
-    nccl-tests reports it) of a collective over all of the run's workers."""
+    nccl-tests reports it) of a collective over one shard group, and of one across the replicas (HSDP)."""
 
     peak_flops: float
     mfu: float
     busbw_gbps: float
+    replica_busbw_gbps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -49,20 +51,34 @@ def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
 
 
 def collective_bytes_per_step(m: ModelShape, w: Workload) -> float:
-    """Bytes one worker sends (and receives) per step in FSDP's all-gathers and reduce-scatters."""
-    if w.workers == 1:
+    """Bytes one worker sends (and receives) per step in FSDP's all-gathers and reduce-scatters, within its shard
+    group."""
+    n = w.shard_group
+    if n == 1:
         return 0.0
     b = 2 if w.bf16 else 4
     trainable = m.params if not w.lora_params else w.lora_params
     gathered = 2 * b * (m.params + (w.lora_params or 0))
     reduce_scatters = 1 if w.accum_sync_last else w.grad_accum
     per_step = w.grad_accum * gathered + reduce_scatters * 4 * trainable
-    return per_step * (w.workers - 1) / w.workers
+    return per_step * (n - 1) / n
+
+
+def replica_bytes_per_step(m: ModelShape, w: Workload) -> float:
+    """Bytes one worker sends per step in HSDP's all-reduce of its gradient shard across the replicas."""
+    r = w.replicas
+    if r == 1:
+        return 0.0
+    trainable = m.params if not w.lora_params else w.lora_params
+    reduces = 1 if w.accum_sync_last else w.grad_accum
+    return reduces * 4 * trainable / w.shard_group * 2 * (r - 1) / r
 
 
 def step_timing(m: ModelShape, w: Workload, fabric: Fabric) -> Timing:
     tokens = w.tokens * w.grad_accum
     compute = tokens * hardware_flops_per_token(m, w) / (fabric.peak_flops * fabric.mfu)
     comm = collective_bytes_per_step(m, w) / (fabric.busbw_gbps * 1e9)
+    if w.replicas > 1:
+        comm += replica_bytes_per_step(m, w) / (fabric.replica_busbw_gbps * 1e9)
     step = max(compute, comm)
     return Timing(model_flops_per_token(m, w), compute, comm, step, tokens / step)

@@ -29,7 +29,6 @@ from trainlift.train.run import board as progress, failures, metrics, preflight,
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
-CPU_MMAP_THRESHOLD = 128 * 1024  # bytes: glibc maps (and unmaps when freed) every allocation of this size or more
 
 
 def prepare_model(spec: JobSpec) -> None:
@@ -153,14 +152,10 @@ def prepare(spec: JobSpec, started_at: float) -> Prepared:
 
 def allocator_env(use_gpu: bool, environ) -> dict[str, str]:
     """On GPUs, PyTorch's allocator with expandable segments: packed rows and chunked losses allocate sizes that
-    vary from step to step, which fragment fixed segments. On CPUs, glibc's malloc with a fixed mmap threshold:
-    its dynamic one rises with the first large frees, after which freed tensors stay in the heap (1.3-2 GiB per
-    worker of a 134M-parameter run, docs/BENCHMARKS.md benchmark 15). A setting in the driver's environment is kept."""
-    if use_gpu:
-        return {} if "PYTORCH_CUDA_ALLOC_CONF" in environ else {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    if "MALLOC_MMAP_THRESHOLD_" in environ or "GLIBC_TUNABLES" in environ:
+    vary from step to step, which fragment fixed segments. A setting in the driver's environment is kept."""
+    if not use_gpu or "PYTORCH_CUDA_ALLOC_CONF" in environ:
         return {}
-    return {"MALLOC_MMAP_THRESHOLD_": str(CPU_MMAP_THRESHOLD)}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def build_trainer(spec: JobSpec, prepared: Prepared, board, train_loop: Callable[[dict], None] | None,
