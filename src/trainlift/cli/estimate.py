@@ -32,8 +32,8 @@ def estimate(
     instance: Optional[str] = typer.Option(None, "--instance", help="GPU instance type, e.g. p5.48xlarge "
                                            "(instead of --cluster)."),
     nodes: int = typer.Option(1, "--nodes", min=1, help="Instances of --instance."),
-    region: Optional[str] = typer.Option(None, "--region", "-r", help="Region for prices (default: the cluster "
-                                         "spec's, else AWS_REGION, else us-east-1)."),
+    region: Optional[str] = typer.Option(None, "--region", "-r", help="Region of --instance's price (default: "
+                                         "AWS_REGION, else us-east-1); --cluster prices in the spec's region."),
     live: bool = typer.Option(False, "--live", help="Ask AWS's Price List API for today's prices (needs "
                               "credentials) instead of the catalog's dated ones."),
     model_config: Optional[Path] = typer.Option(
@@ -49,9 +49,9 @@ def estimate(
     memory). A job that does not fit gets the cheapest changes that would make it fit, each with its new figure.
     Exit code 1 when the job does not fit.
 
-    Examples:
-      trainlift estimate examples/qwen2.5-1.5b-eks.yaml --cluster examples/cluster-reference.yaml
-      trainlift estimate job-70b.yaml --instance p5.48xlarge --nodes 4 --json
+    Example: trainlift estimate examples/qwen2.5-1.5b-eks.yaml --cluster examples/cluster-reference.yaml
+
+    Example: trainlift estimate examples/llama-3.1-70b-eks.yaml --instance p5.48xlarge --nodes 4 --json
     """
     from trainlift.config.job import load_job_spec
     from trainlift.estimate.plan import plan
@@ -87,7 +87,7 @@ def _target(cluster: Optional[Path], instance: Optional[str], nodes: int, region
             raise UsageError(f"{cluster}: worker groups of {len(types)} instance types",
                              hint="estimate one type at a time with --instance TYPE --nodes N")
         profile = spec.workers[0].profile
-        nodes, region = sum(w.count for w in spec.workers), region or spec.region
+        nodes = sum(w.count for w in spec.workers)
         usd, source = _cluster_price(spec, live)
     else:
         profile, region = catalog.lookup(instance), region or os.environ.get("AWS_REGION") or "us-east-1"
