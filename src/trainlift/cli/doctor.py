@@ -192,12 +192,9 @@ def topology(
     from trainlift.cloud.capacity import Unknown
     from trainlift.doctor.topology import layer3_line, layer3_span, pod_node_names
     from trainlift.errors import TrainliftError
-    from trainlift.ops.kube import Kube
+    from trainlift.ops.kube import kube_for
 
-    if not kubeconfig.is_file():
-        raise UsageError(f"--kubeconfig {kubeconfig}: no such file",
-                         hint="`trainlift cluster up` writes it to .trainlift/<cluster>/kubeconfig")
-    got = Kube(str(kubeconfig)).job_topology(namespace, ray_cluster)
+    got = kube_for(kubeconfig).job_topology(namespace, ray_cluster)
     if isinstance(got, Unknown):
         raise TrainliftError(f"cannot read RayCluster {namespace}/{ray_cluster}'s nodes: {got.reason}")
     pods, nodes = got

@@ -242,12 +242,9 @@ def _rayjob_status(kubeconfig: Path, namespace: str, name: str, json_out: bool) 
     from trainlift.cloud.capacity import Unknown
     from trainlift.errors import TrainliftError
     from trainlift.job_state import workload_line
-    from trainlift.ops.kube import Kube
+    from trainlift.ops.kube import kube_for
 
-    if not kubeconfig.is_file():
-        raise UsageError(f"--kubeconfig {kubeconfig}: no such file",
-                         hint="`trainlift cluster up` writes it to .trainlift/<cluster>/kubeconfig")
-    got = Kube(str(kubeconfig)).rayjob_workload(namespace, name)
+    got = kube_for(kubeconfig).rayjob_workload(namespace, name)
     if isinstance(got, Unknown):
         raise TrainliftError(f"cannot read RayJob {namespace}/{name}'s Kueue Workload: {got.reason}")
     workload, summary = got

@@ -112,6 +112,12 @@ def memory_items(m: ModelShape, w: Workload, runtime_bytes: float | None = None)
     return items
 
 
+def model_state_bytes(m: ModelShape, w: Workload) -> float:
+    """Parameters, gradients and optimizer state of the whole model, unsharded: what a mesh's shard group splits."""
+    items = memory_items(m, w.but(workers=1, shard=0, grad_accum=1), runtime_bytes=0.0)
+    return items["parameters"] + items["gradients"] + items["optimizer"]
+
+
 def default_runtime_bytes(w: Workload, allocated: float) -> float:
     if not w.gpu:
         return figure("runtime", "cpu_worker_gib").value * GIB

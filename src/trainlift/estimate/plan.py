@@ -10,10 +10,10 @@ from trainlift.catalog import InstanceProfile
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError
 from trainlift.estimate import assumptions
-from trainlift.estimate.memory import GIB, Workload, memory_items, runtime_sources
+from trainlift.estimate.memory import GIB, Workload, memory_items, model_state_bytes, runtime_sources
 from trainlift.estimate.shape import ModelShape
 from trainlift.estimate.timing import Fabric, Timing, step_timing
-from trainlift.train.run.mesh import STATE_ITEMS, Mesh, choose_mesh
+from trainlift.train.run.mesh import Mesh, choose_mesh
 
 MAX_NODES = 64
 ADVICE_LORA_RANK = 16
@@ -116,9 +116,7 @@ def mesh_for(job: JobSpec, shape: ModelShape, target: Target, w: Workload, capac
     """The mesh the recipe would choose (`train.run.mesh`), workers filling the nodes in order."""
     per_node = target.instance.gpus if target.instance else w.workers
     nodes = [rank // per_node for rank in range(w.workers)]
-    state = memory_items(shape, w.but(workers=1, shard=0, grad_accum=1), runtime_bytes=0)
-    return choose_mesh(job.parallel.replicate, job.parallel.shard, nodes, sum(state[k] for k in STATE_ITEMS),
-                       capacity)
+    return choose_mesh(job.parallel.replicate, job.parallel.shard, nodes, model_state_bytes(shape, w), capacity)
 
 
 def workload_for(job: JobSpec, shape: ModelShape, target: Target) -> Workload:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from trainlift.cloud.capacity import Unknown
+from trainlift.errors import UsageError
 from trainlift.ops.run import INSTALL, run
 from trainlift.render.eksctl import WORKER_GROUP_LABEL
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
@@ -199,6 +201,14 @@ def kubeconfig_for(name: str, region: str, endpoint: str, ca_data: str) -> dict[
 
 
 # --- observation (runs kubectl / helm) ---------------------------------------------------------
+
+def kube_for(kubeconfig) -> "Kube":
+    """A Kube on a kubeconfig file; one line (exit 2) when there is no such file."""
+    if not Path(kubeconfig).is_file():
+        raise UsageError(f"--kubeconfig {kubeconfig}: no such file",
+                         hint="`trainlift cluster up` writes it to .trainlift/<cluster>/kubeconfig")
+    return Kube(str(kubeconfig))
+
 
 class Kube:
     """Read the cluster through kubectl and helm; any failure is `Unknown(reason)`."""

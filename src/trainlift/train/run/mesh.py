@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from trainlift.errors import SpecError
-from trainlift.estimate.memory import Workload, memory_items
+from trainlift.estimate.memory import Workload, model_state_bytes
 from trainlift.estimate.shape import shape_of
 
 FIT_FRACTION = 0.5  # the rest of a worker's memory is left to activations, gathered layers and the runtime
-STATE_ITEMS = ("parameters", "gradients", "optimizer")
 
 
 class MeshError(SpecError):
@@ -109,8 +108,7 @@ def state_bytes(config, spec, gpu: bool, bf16: bool, lora_params: int = 0) -> fl
         return None
     work = Workload(micro_batch=spec.train.micro_batch_size, seq_len=spec.data.seq_len, grad_accum=1,
                     activation_checkpointing=False, gpu=gpu, bf16=bf16, workers=1, lora_params=lora_params)
-    items = memory_items(shape, work, runtime_bytes=0.0)
-    return float(sum(items[k] for k in STATE_ITEMS))
+    return float(model_state_bytes(shape, work))
 
 
 def agree(spec, w, config, lora_params: int = 0) -> Mesh:
