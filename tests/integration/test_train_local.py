@@ -96,6 +96,23 @@ def test_export_loads_and_matches_the_trained_weights(uninterrupted, tiny_assets
     assert torch.equal(out, trained.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False))
 
 
+def test_async_checkpoints_train_the_same_losses_as_sync_ones(uninterrupted, tiny_spec):
+    """`uninterrupted` checkpoints asynchronously (the default); the same run with `checkpoint.mode: sync` has the
+    same losses, the same complete checkpoints, and both say how long each save held the loop."""
+    summary, ref_dir = uninterrupted
+    spec = tiny_spec("run.name=sync", "checkpoint.every_steps=3", "checkpoint.keep=2", "checkpoint.mode=sync")
+    sync_summary = run_training(spec)
+    sync_dir = Path(spec.run_uri)
+    assert losses(sync_dir) == pytest.approx(losses(ref_dir), rel=1e-6)
+    fs = checkpoint.pafs.LocalFileSystem()
+    for run_dir in (ref_dir, sync_dir):
+        assert [s for s, _, done in checkpoint.list_checkpoints(fs, str(run_dir)) if done] == [3, 6]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        held = [r for r in rows if r.get("event") == "checkpoint"]
+        assert [r["step"] for r in held] == [3, 6] and all(r["checkpoint_blocked_s"] > 0 for r in held)
+    assert summary["checkpoint_blocked_s"] > 0 and sync_summary["checkpoint_blocked_s"] > 0
+
+
 def test_stop_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tiny_spec):
     """Same data order, same RNG: steps 5-6 after a resume equal the uninterrupted run's (fp32, tol 1e-6).
     The first run pruned checkpoint 2 (keep=1) before stopping: the rerun still starts."""

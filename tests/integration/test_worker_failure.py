@@ -1,5 +1,6 @@
 """Ray Train workers SIGKILLed mid-run: FailureConfig restarts the worker group from the newest complete checkpoint,
-at most `checkpoint.every_steps` steps are repeated per failure, a checkpoint that was being written when the kill
+at most 2 x `checkpoint.every_steps` steps are repeated per failure (asynchronous checkpoints, the default: a kill
+while a save is still uploading falls back to the one before), a checkpoint that was being written when the kill
 landed is never resumed from, and the run finishes with an export that transformers loads.
 
 Kills are seeded (random.Random) and land at random steps, on a random rank, at a random moment inside the step,
@@ -241,7 +242,8 @@ SEED = 5
 
 def test_random_worker_kills_resume_from_the_newest_complete_checkpoint(tiny_spec):
     """Five SIGKILLs of a random Ray Train worker at random steps in one run: after every one the worker group
-    restarts from the newest complete checkpoint, repeats at most checkpoint.every_steps steps, and the run still
+    restarts from the newest complete checkpoint, repeats at most 2 x checkpoint.every_steps steps (the save in
+    flight when the kill lands is lost with it), and the run still
     reaches its last step and exports a model that transformers loads."""
     seed = SEED
     spec = tiny_spec(f"run.name=chaos-{seed}", f"train.steps={STEPS}", f"checkpoint.every_steps={K}",
@@ -277,7 +279,7 @@ def test_random_worker_kills_resume_from_the_newest_complete_checkpoint(tiny_spe
     for k in kills:
         assert k.killed_at < STEPS, "the kill landed after training ended"
         assert k.resumed_at == k.complete_at_restart, "did not resume from the newest complete checkpoint"
-        assert k.resumed_at % K == 0 and 0 <= k.repeated <= K
+        assert k.resumed_at % K == 0 and 0 <= k.repeated <= 2 * K
     last = kills[-1].resumed_at
     assert summary["resumed_from"] == (str(run_dir / checkpoint.dir_name(last)) if last else None)
     assert_export_loads(run_dir)

@@ -60,6 +60,8 @@ def test_catalog_matches_ec2_describe_instance_types(name, ec2_instance_types):
     efa = network["EfaInfo"]["MaximumEfaInterfaces"] if network.get("EfaSupported") else 0
     assert profile.efa_interfaces == efa
     assert (profile.network_gbps, profile.network_burst) == _gbps(network["NetworkPerformance"])
+    storage = ec2.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) if ec2.get("InstanceStorageSupported") else 0
+    assert profile.local_nvme_gb == storage
     gpus = ec2.get("GpuInfo", {}).get("Gpus", [])
     if not gpus:
         assert profile.gpus == 0 and profile.gpu_model is None
@@ -126,3 +128,10 @@ def test_chart_pins_and_image():
     assert catalog.chart("aws-efa-k8s-device-plugin").version == "v0.5.32"
     assert catalog.image_ray_version("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1") == "2.58.0"
     assert catalog.image_ray_version("example.com/unknown:latest") is None
+
+
+def test_every_gpu_type_has_local_nvme_for_the_staging_volume():
+    """The rendered worker pods stage checkpoints on the node's instance-store NVMe (render.raycluster), never on the
+    root disk: every GPU type in the catalog must have one."""
+    gpu_types = [t for t in catalog.instance_types() if catalog.lookup(t).gpus]
+    assert gpu_types and all(catalog.lookup(t).local_nvme_gb > 0 for t in gpu_types)

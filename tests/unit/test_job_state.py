@@ -145,3 +145,30 @@ def test_layer3_span_counts_distinct_values_over_a_jobs_nodes():
     assert everything["unlabelled"] == ["ip-10-0-10-173.ec2.internal"]
     assert layer3_line(everything).endswith(f"; 1 without {LAYER3}: ip-10-0-10-173.ec2.internal")
     assert layer3_line(layer3_span([node for node in nodes[:2]])) == "2 node(s) span 1 layer-3 network node(s)"
+
+
+class RecordedJobClient:
+    """Answers `get_job_info` and `get_job_logs` as Ray's JobSubmissionClient did for a job whose node died (the
+    message recorded above); the head's dashboard itself cannot run here without a cluster to lose."""
+
+    def get_job_info(self, job_id):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(message=SUPERVISOR_DIED)
+
+    def get_job_logs(self, job_id):
+        return "step 3/40  loss 2.1\n"
+
+
+def test_submit_follow_ends_a_failed_job_with_its_cause(capsys):
+    import typer
+
+    from trainlift.cli import jobs as cli_jobs
+
+    with pytest.raises(typer.Exit):
+        cli_jobs._finish(RecordedJobClient(), "trainlift-run-1", "FAILED", False, {})
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("job trainlift-run-1 FAILED because its node went away — resubmit the same spec")
+    with pytest.raises(typer.Exit):
+        cli_jobs._finish(RecordedJobClient(), "trainlift-run-1", "FAILED", True, {})
+    assert '"cause": "its node went away"' in capsys.readouterr().out

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from trainlift import catalog
+from trainlift.render.raycluster import ephemeral_gib
 from trainlift.config.cluster import cluster_spec_from_yaml, parse_cluster_spec
 from trainlift.errors import SpecError
 from trainlift.render import JobInputs, render_cluster
@@ -82,10 +83,11 @@ def test_the_queue_quotas_are_the_node_groups_totals(name):
     system = catalog.lookup(data["system"]["instance_type"])
     assert quotas[f"{data['name']}-{worker['name']}"] == {
         "cpu": str(n * p.vcpus), "memory": f"{n * p.memory_mib}Mi", "nvidia.com/gpu": str(n * p.gpus),
-        "vpc.amazonaws.com/efa": str(n * p.efa_interfaces), "hugepages-2Mi": f"{n * 5120}Mi"}
+        "vpc.amazonaws.com/efa": str(n * p.efa_interfaces), "hugepages-2Mi": f"{n * 5120}Mi",
+        "ephemeral-storage": f"{n * ephemeral_gib(p)}Gi"}
     assert quotas[f"{data['name']}-system"] == {
         "cpu": str(system.vcpus), "memory": f"{system.memory_mib}Mi", "nvidia.com/gpu": "0",
-        "vpc.amazonaws.com/efa": "0", "hugepages-2Mi": "0"}
+        "vpc.amazonaws.com/efa": "0", "hugepages-2Mi": "0", "ephemeral-storage": "0"}
 
 
 def test_p5_numbers_by_hand():
@@ -93,6 +95,8 @@ def test_p5_numbers_by_hand():
     # 2 x p5.48xlarge: 192 vCPUs, 2 TiB, 8 H100, 32 EFA interfaces each.
     assert by_flavor(queue)["ray-train-p5-h100"]["nvidia.com/gpu"] == "16"
     assert by_flavor(queue)["ray-train-p5-h100"]["cpu"] == "384"
+    # 30,400 GB of NVMe = 28,312.2 GiB; 90% is 25,480, less the 60 GiB image reserve: 25,420 GiB per pod, 2 pods.
+    assert by_flavor(queue)["ray-train-p5-h100"]["ephemeral-storage"] == "50840Gi"
     assert by_flavor(queue)["ray-train-p5-h100"]["memory"] == f"{2 * 2048 * 1024}Mi"
     assert queue["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ray-train"}}
 

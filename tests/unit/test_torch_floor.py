@@ -40,6 +40,8 @@ PUBLIC_SINCE = {
     "torch.distributed.fsdp.fully_shard": ("2.6", FSDP2),
     "torch.distributed.fsdp.FSDPModule": ("2.6", FSDP2),
     "torch.distributed.fsdp.MixedPrecisionPolicy": ("2.6", FSDP2),
+    "torch.distributed.checkpoint.state_dict_saver.AsyncCheckpointerType": (
+        "2.7", "async_save's async_checkpointer_type (THREAD/PROCESS) since 2.7 (FACTS.md)"),
     "torch.distributed.checkpoint.HuggingFaceStorageReader": (
         "2.8", "exported from torch.distributed.checkpoint since 2.8 (private _hf_storage in 2.7)"),
 }

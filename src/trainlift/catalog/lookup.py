@@ -32,6 +32,7 @@ class InstanceProfile(BaseModel):
     network_layers: int = Field(
         0, description="Layers of EC2 network topology EKS labels the node with (topology.k8s.aws/network-node-layer-N); "
         "0: none.")
+    local_nvme_gb: int = Field(0, description="Instance-store NVMe, GB in all (EC2's TotalSizeInGB); 0: none.")
     peak_bf16_flops_per_gpu: float = Field(0.0, description="Dense bf16 tensor peak, FLOP/s.")
     busbw_floor_gbps: float | None = Field(
         None, description="GB/s (gigabytes, as nccl-tests prints busbw): a 2-node all_reduce busbw below this fails the fabric check."

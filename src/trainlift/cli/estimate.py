@@ -163,6 +163,12 @@ def print_estimate(result) -> None:
                       f"step {t.step_s:.2f} s (compute {t.compute_s:.2f} s, FSDP collectives {t.comm_s:.2f} s); "
                       f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {result.job.train.steps} steps: "
                       f"{result.hours:.2f} h", highlight=False)
+    if result.job.checkpoint.every_steps:
+        where_staged = (f"of the {d['staging_gib']:,.0f} GiB staging volume" if d["staging_gib"] is not None
+                        else "in the staging directory")
+        ok = "" if result.staging_fits else " [bold red](two do not fit)[/]"
+        console.print(f"disk   {d['checkpoint_gib_per_node']:,.1f} GiB per node per checkpoint, "
+                      f"{where_staged}{ok}", highlight=False)
     if d["usd_per_hour"] is not None:
         total = f": ${d['usd_total']:,.2f} for the run" if d["usd_total"] is not None else ""
         console.print(f"cost   ${d['usd_per_hour']:,.2f}/h ({d['price_source']}){total}", highlight=False)
@@ -195,6 +201,11 @@ def check_fits_cluster(job, spec_file: Path, cluster_file: Path, force: bool, js
                          f"per GPU of {result.capacity_bytes / GIB:.1f}",
                          hint=f"see `trainlift estimate {spec_file} --cluster {cluster_file}` for what would "
                          "make it fit, or pass --force")
+    if not result.staging_fits and not force:
+        raise UsageError(f"two checkpoints of {result.checkpoint_bytes_per_node / GIB:.0f} GiB per node do not fit "
+                         f"the {result.staging_bytes / GIB:.0f} GiB staging volume of "
+                         f"{result.target.instance.instance_type}",
+                         hint="add nodes (each holds a smaller part), use LoRA, or pass --force")
 
 
 def summary_line(result) -> str:

@@ -55,18 +55,29 @@ def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submi
 
 
 def _finish(job_client, job_id: str, status: str, json_out: bool, extra: dict) -> None:
+    from trainlift.job_state import RESUME, ended_cause
     from trainlift.ops import jobs
 
+    cause = ended_cause(status, _job_message(job_client, job_id)) if status == "FAILED" else None
     if json_out:
-        print_json({"submission_id": job_id, "status": status, **extra})
+        print_json({"submission_id": job_id, "status": status, **extra, **({"cause": cause} if cause else {})})
     if status == "SUCCEEDED":
         if not json_out:
             console.print(f"job {job_id} [green]SUCCEEDED[/]")
         return
     for line in jobs.error_tail(job_client, job_id):
         err_console.print(line, markup=False, highlight=False)
-    err_console.print(f"job {job_id} [red]{status}[/]")
+    ended = f" because {cause} — {RESUME}" if cause else ""
+    err_console.print(f"job {job_id} [red]{status}[/]{ended}", highlight=False)
     raise typer.Exit(1)
+
+
+def _job_message(job_client, job_id: str) -> str | None:
+    """Ray's message for the job; None when the head cannot say (it is gone: `error_tail` then says so)."""
+    try:
+        return job_client.get_job_info(job_id).message
+    except Exception:  # noqa: BLE001 - any failure to reach the head leaves the line as it was
+        return None
 
 
 def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str]):

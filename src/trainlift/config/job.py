@@ -158,6 +158,10 @@ class ParallelSection(_Section):
 class CheckpointSection(_Section):
     every_steps: int = Field(50, ge=0, description="0: no periodic checkpoints.")
     keep: int = Field(2, ge=1)
+    mode: Literal["sync", "async"] = Field(
+        "async", description="async: the loop waits only while the state is copied to host memory; the write to the "
+        "staging directory and the upload to run.storage go on in the background, one save at a time. sync: the loop "
+        "waits until the checkpoint is complete in storage.")
 
 
 class ExportSection(_Section):

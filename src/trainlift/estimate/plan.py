@@ -10,7 +10,7 @@ from trainlift.catalog import InstanceProfile
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError
 from trainlift.estimate import assumptions
-from trainlift.estimate.memory import GIB, Workload, memory_items, model_state_bytes, runtime_sources
+from trainlift.estimate.memory import GIB, Workload, checkpoint_bytes, memory_items, model_state_bytes, runtime_sources
 from trainlift.estimate.shape import ModelShape
 from trainlift.estimate.timing import Fabric, Timing, step_timing
 from trainlift.train.run.mesh import Mesh, choose_mesh
@@ -70,10 +70,29 @@ class Estimate:
     mfu: assumptions.Figure | None
     mesh: Mesh | None = None
     advice: list[Advice] = field(default_factory=list)
+    checkpoint_bytes: float = 0.0  # one checkpoint of the whole run
 
     @property
     def fits(self) -> bool:
         return self.items["total"] <= self.capacity_bytes
+
+    @property
+    def checkpoint_bytes_per_node(self) -> float:
+        """The busiest node's part of one checkpoint: each worker writes its shard."""
+        per_node = min(self.target.instance.gpus, self.workload.workers) if self.target.instance else self.workload.workers
+        return self.checkpoint_bytes * per_node / self.workload.workers
+
+    @property
+    def staging_bytes(self) -> float | None:
+        """A GPU node's rendered staging volume (render.raycluster); None on this machine."""
+        from trainlift.render.raycluster import staging_gib
+
+        return staging_gib(self.target.instance) * GIB if self.target.instance else None
+
+    @property
+    def staging_fits(self) -> bool:
+        """Two checkpoints fit a node's staging volume (a save in flight and the next)."""
+        return self.staging_bytes is None or 2 * self.checkpoint_bytes_per_node <= self.staging_bytes
 
     @property
     def hours(self) -> float | None:
@@ -105,6 +124,9 @@ class Estimate:
             "hours": _round(self.hours, 3), "usd_per_hour": _round(self.target.usd_per_hour),
             "usd_total": _round(self.usd_total), "price_source": self.target.price_source,
             "advice": [a.to_dict() for a in self.advice],
+            "checkpoint_gib_per_node": round(self.checkpoint_bytes_per_node / GIB, 2),
+            "staging_gib": round(self.staging_bytes / GIB, 1) if self.staging_bytes is not None else None,
+            "staging_fits": self.staging_fits,
         }
 
 
@@ -165,7 +187,8 @@ def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advi
         fabric, mfu = _fabric(target, w)
         timing = step_timing(shape, w, fabric)
     advice = _advice(job, shape, target, w) if advise and items["total"] > capacity else []
-    return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice)
+    return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice,
+                    checkpoint_bytes(shape, w.lora_params))
 
 
 def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[Advice]:

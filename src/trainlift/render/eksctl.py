@@ -76,6 +76,15 @@ def _system_group(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
+# nodeadm (AL2023) RAIDs the instance-store NVMe disks into one array and moves kubelet's and containerd's
+# directories onto it, so pods' emptyDir volumes (the staging volume) live on the NVMe (amazon-eks-ami,
+# templates/al2023/runtime/bin/setup-local-disks). eksctl accepts a NodeConfig in overrideBootstrapCommand for
+# AL2023 managed groups without a custom AMI, and EKS adds the cluster's own part (eksctl validation.go, PR #8078).
+LOCAL_NVME_RAID0 = "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  instance:\n    localStorage:\n" \
+                   "      strategy: RAID0\n"
+AL2023 = "AmazonLinux2023"
+
+
 def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations | None) -> dict[str, Any]:
     efa = spec.fabric == "efa"
     group: dict[str, Any] = {
@@ -89,6 +98,8 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations 
     group["privateNetworking"] = True
     group["efaEnabled"] = efa
     group["volumeSize"] = w.volume_size_gb
+    if spec.ami_family == AL2023 and w.profile.local_nvme_gb:
+        group["overrideBootstrapCommand"] = LOCAL_NVME_RAID0
     group["labels"] = worker_labels(w)
     if w.taints:
         group["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in w.taints]

@@ -20,7 +20,8 @@ from trainlift import catalog
 from trainlift.config.cluster import ClusterSpec, WorkerGroup
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 from trainlift.render.problems import Problem
-from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE, HUGEPAGES_RESOURCE, MANAGED_BY
+from trainlift.render.raycluster import (EFA_RESOURCE, EPHEMERAL_RESOURCE, GPU_RESOURCE, HUGEPAGES_RESOURCE, MANAGED_BY,
+                                         ephemeral_gib, staging_gib)
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -90,8 +91,10 @@ def render_flavors(spec: ClusterSpec) -> list[dict[str, Any]]:
 
 
 def covered_resources(spec: ClusterSpec) -> list[str]:
+    """Every resource the pods request: Kueue does not admit a workload asking for one its queue does not cover."""
     extra = [EFA_RESOURCE, HUGEPAGES_RESOURCE] if spec.fabric == "efa" else []
-    return ["cpu", "memory", GPU_RESOURCE] + extra
+    staging = [EPHEMERAL_RESOURCE] if any(staging_gib(w.profile) for w in spec.workers) else []
+    return ["cpu", "memory", GPU_RESOURCE] + extra + staging
 
 
 def group_totals(spec: ClusterSpec, w: WorkerGroup) -> dict[str, str]:
@@ -101,6 +104,8 @@ def group_totals(spec: ClusterSpec, w: WorkerGroup) -> dict[str, str]:
     if spec.fabric == "efa":
         totals[EFA_RESOURCE] = str(n * p.efa_interfaces)
         totals[HUGEPAGES_RESOURCE] = f"{n * p.efa_hugepages_mib}Mi"
+    if EPHEMERAL_RESOURCE in covered_resources(spec):
+        totals[EPHEMERAL_RESOURCE] = f"{n * ephemeral_gib(p)}Gi"
     return totals
 
 

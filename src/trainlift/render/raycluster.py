@@ -9,11 +9,13 @@ from trainlift import catalog
 from trainlift.catalog.lookup import pinned_image
 from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
+from trainlift.train.run.checkpoint import STAGING_ENV
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPU_RESOURCE = "nvidia.com/gpu"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
+EPHEMERAL_RESOURCE = "ephemeral-storage"
 POD_INTERFACE = "eth0"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
 
@@ -22,6 +24,17 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
 WORKER_RESERVE = (0.10, 2, 4)  # fraction, at least this many vCPUs, at least this many GiB
 HEAD_RESERVE = (0.25, 1, 4)
 SHM_SHARE = 4  # /dev/shm may use up to 1/4 of the pod's memory (it counts against the limit)
+
+# The staging volume: checkpoints are written there before their upload (and the node's model cache lives there).
+# Worker nodes RAID0 their instance-store NVMe under kubelet's directory (render.eksctl), so an emptyDir is on the
+# NVMe, never the root disk. The pod's ephemeral-storage request is the array less kubelet's default hard eviction
+# threshold (nodefs.available < 10%, Kubernetes "Node-pressure Eviction") and room for the image, which containerd
+# unpacks onto the same array (the Ray DLC is tens of GiB); the staging volume is that less the pod's own scratch
+# (writable layer, Ray's logs and spill).
+STAGING_PATH = "/mnt/trainlift-staging"
+NODEFS_EVICTION_SHARE = 0.10
+IMAGE_RESERVE_GIB = 60
+POD_SCRATCH_GIB = 20
 
 # `jobs stop` (Ray's stop_job) sends SIGTERM to the job's driver, which then finishes the step in flight, writes a
 # checkpoint and exits; Ray SIGKILLs it RAY_JOB_STOP_WAIT_TIME_S seconds after the SIGTERM, 3 s unless set (Ray's
@@ -44,6 +57,17 @@ def pod_size(profile: catalog.InstanceProfile, reserve: tuple[float, int, int]) 
     cpu = profile.vcpus - max(min_cpu, math.ceil(profile.vcpus * fraction))
     mem = gib - max(min_gib, math.ceil(gib * fraction))
     return max(cpu, 1), max(mem, 1)
+
+
+def ephemeral_gib(profile: catalog.InstanceProfile) -> int:
+    """Ephemeral storage a worker pod requests on one node of this type: its NVMe array less headroom (above)."""
+    nvme_gib = profile.local_nvme_gb * 1e9 / 2**30
+    return max(0, math.floor(nvme_gib * (1 - NODEFS_EVICTION_SHARE)) - IMAGE_RESERVE_GIB)
+
+
+def staging_gib(profile: catalog.InstanceProfile) -> int:
+    """Size of the staging volume of a worker pod on this type (0: the type has no local NVMe)."""
+    return max(0, ephemeral_gib(profile) - POD_SCRATCH_GIB)
 
 
 def fabric_env(spec: ClusterSpec) -> dict[str, str]:
@@ -180,7 +204,13 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] 
         if profile.efa_hugepages_mib:
             amounts[HUGEPAGES_RESOURCE] = f"{profile.efa_hugepages_mib}Mi"
     volumes, mounts = _volumes(spec, max(1, gib // SHM_SHARE))
-    container = _container(spec, "ray-worker", _env(fabric_env(spec), spec), amounts, mounts)
+    env = fabric_env(spec)
+    if staging_gib(profile):
+        amounts[EPHEMERAL_RESOURCE] = f"{ephemeral_gib(profile)}Gi"
+        volumes.append({"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib(profile)}Gi"}})
+        mounts.append({"name": "staging", "mountPath": STAGING_PATH})
+        env = {**env, STAGING_ENV: STAGING_PATH}
+    container = _container(spec, "ray-worker", _env(env, spec), amounts, mounts)
     # Locked (pinned) memory for EFA and NCCL buffers.
     container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     pod: dict[str, Any] = {"nodeSelector": {"role": WORKER_ROLE, WORKER_GROUP_LABEL: w.name}}

@@ -1,8 +1,10 @@
 """ClusterSpec -> Volcano: a Queue whose capability is the cluster's node groups, the label that puts a RayJob in it,
 and the KubeRay Helm value that makes Volcano KubeRay's batch scheduler (gang scheduling through a PodGroup).
 
-KubeRay creates the PodGroup from the RayCluster (head and workers); the submitter pod of a K8sJobMode RayJob is
-not a member of it (KubeRay's Volcano integration), so it is not counted in minMember.
+KubeRay creates the PodGroup from the RayCluster: minMember is the desired worker replicas plus one for the head,
+and only the RayCluster's pods get the group annotation, so the submitter pod of a K8sJobMode RayJob is not a member
+and is not counted (kuberay, ray-operator/controllers/ray/batchscheduler/volcano/volcano_scheduler.go:
+DoBatchSchedulingOnSubmission and AddMetadataToPod).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def capability(spec: ClusterSpec) -> dict[str, str]:
     parts = [group_totals(spec, w) for w in spec.workers] + [system_totals(spec)]
     out: dict[str, str] = {}
     for name, first in parts[0].items():
-        unit = "Mi" if first.endswith("Mi") else ""
-        amount = sum(int(p.get(name, "0").removesuffix("Mi")) for p in parts)
+        unit = next((u for u in ("Mi", "Gi") if first.endswith(u)), "")
+        amount = sum(int(p.get(name, "0").removesuffix(unit)) for p in parts)
         out[name] = f"{amount}{unit}"
     return out
 

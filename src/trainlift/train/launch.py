@@ -218,6 +218,9 @@ def run_training(
     `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it). What Ray and the
     libraries print goes to the run's driver.log, and onto the console too with `verbose`."""
     spec = preflight.check(spec)
+    target = address or os.environ.get("RAY_ADDRESS")
+    if not target or localray.is_loopback(target):  # every worker stages its checkpoints on this machine
+        preflight.check_staging_space(spec)
     finished = finished_summary(spec)
     if finished is not None:
         return {**finished, "already_finished": True}

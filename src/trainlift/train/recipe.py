@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ from trainlift.train.model.build import (StepFlops, apply_fsdp, attention_implem
                                          sharded_config, step_flops)
 from trainlift.train.model.loss import token_loss_sum
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
+from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
 
 
@@ -163,20 +163,6 @@ def resume(fs, run_path: str, latest: tuple[int, str] | None, model, optimizer, 
     return step, cursor, latest[1]
 
 
-def save(model, optimizer, scheduler, step, cursor, rank, world, fs, run_path, keep, report_metrics) -> None:
-    import ray.train
-
-    with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-") as local_dir:
-        checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, rank, world)
-        ray.train.report(report_metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
-                         checkpoint_dir_name=checkpoint.dir_name(step))
-    dist.barrier()  # every rank's upload has finished before the marker goes down
-    if rank == 0:
-        path = f"{run_path}/{checkpoint.dir_name(step)}"
-        checkpoint.mark_complete(fs, path, step, world)
-        checkpoint.prune(fs, run_path, keep)
-
-
 class StopRequests:
     """Whether the driver asked the run to stop (SIGTERM/SIGINT): rank 0 polls the progress board without
     blocking and votes in the step's all-reduce (`train_step`), so every rank stops after the same step."""
@@ -281,8 +267,8 @@ class Evaluator:
 def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor: int, evaluator: Evaluator,
           log: RunLog, stop_requests: StopRequests, stop_at: int | None) -> tuple[int, float, float | None]:
     """Steps until `train.steps`, or until a stop is asked for (checkpointed first); returns
-    (step reached, last loss, last eval loss or None)."""
-    spec = w.spec
+    (step reached, last loss, last eval loss or None) once the last checkpoint is complete in storage."""
+    saver = Saver(w, spec.checkpoint.mode) if (spec := w.spec).checkpoint.every_steps else None
     rows_per_step = w.world * spec.train.micro_batch_size * micro_batches_per_step(spec, w.world)
     every_ckpt, every_eval = spec.checkpoint.every_steps, spec.train.eval_every
     loss, eval_loss = float("nan"), None
@@ -310,11 +296,15 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
         periodic = every_ckpt and (step % every_ckpt == 0 or step == spec.train.steps)
         if periodic or (stopping and step < spec.train.steps):
             log.sink.flush()
-            save(model, optimizer, scheduler, step, cursor, w.rank, w.world, w.fs, w.run_path, spec.checkpoint.keep,
-                 boundary_metrics)
-            log.sink.checkpointed(step)
+            log.checkpoint_held(step, saver.save(model, optimizer, scheduler, step, cursor, boundary_metrics))
+        for done in saver.completed() if saver else ():
+            log.sink.checkpointed(done)
         if stopping:
             break
+    if saver is not None:
+        saver.wait()
+        for done in saver.completed():
+            log.sink.checkpointed(done)
     return step, loss, eval_loss
 
 

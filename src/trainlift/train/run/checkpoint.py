@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,13 @@ MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
 _NAME = re.compile(r"^checkpoint_(\d{8})$")
+# Where a worker writes a checkpoint before it is uploaded (and, on a cluster, the node's model cache): the rendered
+# worker pods mount the node's local NVMe there; elsewhere it is the system's temporary directory.
+STAGING_ENV = "TRAINLIFT_STAGING_DIR"
+
+
+def staging_root() -> str:
+    return os.environ.get(STAGING_ENV) or tempfile.gettempdir()
 
 
 def dir_name(step: int) -> str:
@@ -122,12 +131,19 @@ def trainable_state(model, optimizer) -> tuple[dict, dict]:
 
 
 def write_shard(local_dir: str, model, optimizer, scheduler, step: int, cursor: int, rank: int, world: int) -> None:
-    """This rank's part of a checkpoint, written to a local directory that Ray Train then uploads."""
-    import torch
+    """This rank's part of a checkpoint, written to a local directory that is then uploaded."""
     import torch.distributed.checkpoint as dcp
 
     model_sd, optim_sd = trainable_state(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir)
+    write_extras(local_dir, model, scheduler, step, cursor, rank, world)
+
+
+def write_extras(local_dir: str, model, scheduler, step: int, cursor: int, rank: int, world: int) -> None:
+    """Everything of this rank's part but the DCP shards: its RNG state and, on rank 0, the trainer state and the
+    model config."""
+    import torch
+
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()

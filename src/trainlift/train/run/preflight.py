@@ -166,6 +166,32 @@ def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip
                      "or put it under a run.storage volume that every node mounts")
 
 
+def check_staging_space(spec: JobSpec, free_bytes: int | None = None) -> None:
+    """Two checkpoints of the run must fit the free space of the staging directory, when every worker stages on
+    this machine (a cluster's staging volumes are checked against their rendered size by `submit --cluster`)."""
+    import shutil
+
+    from trainlift.errors import TrainliftError
+    from trainlift.estimate.memory import GIB, checkpoint_bytes
+    from trainlift.estimate.shape import shape_of
+    from trainlift.train.run.checkpoint import STAGING_ENV, staging_root
+
+    if not spec.checkpoint.every_steps:
+        return
+    try:
+        shape = shape_of(model_config(spec))
+    except TrainliftError:  # a family the estimate does not know: nothing to check against
+        return
+    lora = spec.model.lora
+    need = 2 * checkpoint_bytes(shape, shape.lora_params(lora.r, lora.target_modules) if lora else 0)
+    root = staging_root()
+    free = shutil.disk_usage(root).free if free_bytes is None else free_bytes
+    if need > free:
+        raise UsageError(f"checkpoint staging: two checkpoints of this model take {need / GIB:.1f} GiB, but {root} "
+                         f"has {free / GIB:.1f} GiB free",
+                         hint=f"free space there, or point {STAGING_ENV} at a directory with room")
+
+
 class PreflightError(RuntimeError):
     """The worker's environment cannot run this job as specified."""
 

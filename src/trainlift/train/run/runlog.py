@@ -22,6 +22,7 @@ class RunLog:
         self.sink = trackers.open_sink(w.spec, w.fs, w.run_path, step) if w.rank == 0 else metrics.NullSink()
         self.peak = metrics.device_peak_flops(w.device)
         self.timed_tokens, self.timed_flops, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0, 0.0
+        self.held_s: list[float] = []  # per checkpoint, how long it held the loop
 
     def started(self, step: int, resumed_from: str | None, facts: dict[str, Any]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
@@ -47,13 +48,19 @@ class RunLog:
             self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})
             self.post_at = time.monotonic() + BOARD_POST_INTERVAL_S
 
+    def checkpoint_held(self, step: int, seconds: float) -> None:
+        """A checkpoint of `step` held the loop `seconds` (all of the save when sync; the copy to host when async)."""
+        self.held_s.append(seconds)
+        self.sink.write({"event": "checkpoint", "step": step, "checkpoint_blocked_s": seconds, "time": time.time()})
+
     def throughput(self, step: int) -> dict:
         tokens_per_s = self.timed_tokens / self.timed_seconds if self.timed_seconds else None
         fpt = self.timed_flops / self.timed_tokens if self.timed_tokens else None
         return {"tokens_per_s": tokens_per_s,
                 "step_time_s": self.timed_seconds / max(1, step - self.first_step - 1) if self.timed_seconds else None,
                 "mfu": metrics.mfu(tokens_per_s / self.w.world, fpt, self.peak) if tokens_per_s else None,
-                "flops_per_token": fpt}
+                "flops_per_token": fpt,
+                "checkpoint_blocked_s": sum(self.held_s) / len(self.held_s) if self.held_s else None}
 
     def close(self, summary: dict) -> None:
         self.sink.close(summary)

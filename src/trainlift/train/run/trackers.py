@@ -34,7 +34,8 @@ from trainlift.train.run import metrics
 
 FLUSH_INTERVAL_S = 30.0
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "eval_loss": "eval/loss"}
+           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "eval_loss": "eval/loss",
+           "checkpoint_blocked_s": "train/checkpoint_blocked_s"}
 MLFLOW_STATE = "mlflow.json"  # the MLflow run a resumed run continues
 # Read by MLflow in the workers; the secrets among MLflow's variables are left to the job's own environment.
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE")

@@ -1,0 +1,125 @@
+"""Writing checkpoints: `checkpoint.mode` sync, or async (the default), which holds the loop only while the state
+is copied to host memory.
+
+sync: every rank writes its part to the staging directory, Ray Train uploads it inside `ray.train.report`, a
+barrier, then rank 0 writes COMPLETE. The loop waits for all of it.
+
+async: `dcp.async_save` copies the state to host memory (the only time the loop waits) and hands it to DCP's
+process-based checkpointer (`AsyncCheckpointerType.PROCESS`: a process per rank, so the write takes neither the
+GIL nor the loop's process group). A thread per rank then uploads the files to run storage, and rank 0 writes
+COMPLETE once every rank's upload has succeeded (a min all-reduce on a gloo group of the saver's own). At most
+one save is in flight: the next save, a stop and the end of the run wait for it first, and an error in it is
+raised there. A kill during a save leaves no COMPLETE, so the previous checkpoint stays the latest.
+
+Ray Train's `CheckpointUploadMode.ASYNC` does not fit: each rank's upload ends on its own thread and nothing tells
+a rank when all of them have, which is when COMPLETE may be written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from trainlift.train.run import checkpoint
+
+
+class Saver:
+    """Saves checkpoints of one worker; `completed()` hands back the steps whose checkpoints are COMPLETE."""
+
+    def __init__(self, w, mode: str):
+        self.w, self.mode = w, mode
+        self.group = dist.new_group(backend="gloo") if mode == "async" else None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._done: list[int] = []
+        self._lock = threading.Lock()
+
+    def save(self, model, optimizer, scheduler, step: int, cursor: int, metrics: dict) -> float:
+        """Start (async) or make (sync) the checkpoint of `step`; returns the seconds the loop was held."""
+        started = time.perf_counter()
+        if self.mode == "sync":
+            self._save_sync(model, optimizer, scheduler, step, cursor, metrics)
+        else:
+            self._start_async(model, optimizer, scheduler, step, cursor, metrics)
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Until the save in flight is complete in storage; raises what went wrong with it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def completed(self) -> list[int]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _save_sync(self, model, optimizer, scheduler, step, cursor, metrics) -> None:
+        import ray.train
+
+        w = self.w
+        with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-", dir=checkpoint.staging_root()) as local_dir:
+            checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, w.rank, w.world)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
+                             checkpoint_dir_name=checkpoint.dir_name(step))
+        dist.barrier()  # every rank's upload has finished before the marker goes down
+        if w.rank == 0:
+            self._commit(step)
+        with self._lock:
+            self._done.append(step)
+
+    def _start_async(self, model, optimizer, scheduler, step, cursor, metrics) -> None:
+        import ray.train
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        self.wait()
+        w = self.w
+        local_dir = tempfile.mkdtemp(prefix="trainlift-ckpt-", dir=checkpoint.staging_root())
+        model_sd, optim_sd = checkpoint.trainable_state(model, optimizer)
+        written = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir,
+                                 process_group=self.group, async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+        checkpoint.write_extras(local_dir, model, scheduler, step, cursor, w.rank, w.world)
+        ray.train.report(metrics)
+        self._thread = threading.Thread(target=self._finish, args=(written, local_dir, step),
+                                        name=f"trainlift-checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _finish(self, written, local_dir: str, step: int) -> None:
+        """On the saver's thread: wait for the write, upload, agree that every rank's upload succeeded, commit."""
+        import pyarrow.fs as pafs
+
+        w = self.w
+        path = f"{w.run_path}/{checkpoint.dir_name(step)}"
+        ok = True
+        try:
+            written.result()
+            w.fs.create_dir(path)
+            pafs.copy_files(local_dir, path, destination_filesystem=w.fs)
+        except BaseException as exc:  # noqa: BLE001 - raised on the training thread by wait()
+            self._error, ok = exc, False
+        finally:
+            shutil.rmtree(local_dir, ignore_errors=True)
+        try:
+            every_rank_ok = torch.tensor([int(ok)])
+            dist.all_reduce(every_rank_ok, op=dist.ReduceOp.MIN, group=self.group)
+            if every_rank_ok.item() and w.rank == 0:
+                self._commit(step)
+            if every_rank_ok.item():
+                with self._lock:
+                    self._done.append(step)
+        except BaseException as exc:  # noqa: BLE001
+            self._error = self._error or exc
+
+    def _commit(self, step: int) -> None:
+        w = self.w
+        checkpoint.mark_complete(w.fs, f"{w.run_path}/{checkpoint.dir_name(step)}", step, w.world)
+        checkpoint.prune(w.fs, w.run_path, w.spec.checkpoint.keep)
