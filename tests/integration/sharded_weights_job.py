@@ -6,6 +6,7 @@ Usage: sharded_weights_job.py OUT_DIR TIED_MODEL_DIR UNTIED_MODEL_DIR
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -35,6 +36,33 @@ def gathered(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, buffer in model.named_buffers():
         tensors.setdefault(name, buffer.detach().cpu().clone())  # non-persistent ones (rotary inv_freq) too
     return tensors
+
+
+@contextlib.contextmanager
+def whole_tensors_seen():
+    """During an export: how many whole weights `export.full_tensor` handed this rank (and their elements), and
+    whether anything asked for a DTensor's full tensor on every rank (an all-gather)."""
+    from torch.distributed.tensor import DTensor
+
+    seen = {"whole": 0, "elements": 0, "all_gathers": 0}
+    original_full, original_all_gather = export.full_tensor, DTensor.full_tensor
+
+    def counted_full(tensor):
+        whole = original_full(tensor)
+        if whole is not None:
+            seen["whole"] += 1
+            seen["elements"] += whole.numel()
+        return whole
+
+    def counted_all_gather(self, *args, **kwargs):
+        seen["all_gathers"] += 1
+        return original_all_gather(self, *args, **kwargs)
+
+    export.full_tensor, DTensor.full_tensor = counted_full, counted_all_gather
+    try:
+        yield seen
+    finally:
+        export.full_tensor, DTensor.full_tensor = original_full, original_all_gather
 
 
 def main(out_dir: str, tied_dir: str, untied_dir: str) -> None:
@@ -67,9 +95,14 @@ def main(out_dir: str, tied_dir: str, untied_dir: str) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     fs = pafs.LocalFileSystem()
-    export.export_hf(fs, str(out / "export"), model, AutoConfig.from_pretrained(untied_dir),
-                     AutoTokenizer.from_pretrained(untied_dir), torch.float32, source_dir=untied_dir,
-                     max_file_bytes=64 * 1024)
+    with whole_tensors_seen() as seen:
+        export.export_hf(fs, str(out / "export"), model, AutoConfig.from_pretrained(untied_dir),
+                         AutoTokenizer.from_pretrained(untied_dir), torch.float32, source_dir=untied_dir,
+                         max_file_bytes=64 * 1024)
+    results[f"export_rank{rank}"] = seen
+    if rank == 1:
+        (out / "export_rank1.json").write_text(json.dumps(seen))
+    dist.barrier()
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))
     dist.barrier()

@@ -79,6 +79,7 @@ def test_adapter_loads_with_peft_and_matches_the_merged_export(lora_run, tiny_as
     _, run_dir = lora_run
     config = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["base_model_name_or_path"] == str(tiny_assets / "model")  # the model.path the job gave
     with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_assets / "model"),
                                              run_dir / "adapter").eval()
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()

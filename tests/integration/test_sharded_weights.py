@@ -142,3 +142,18 @@ def test_export_without_gathering_is_loadable_sharded_and_equal_to_the_weights(j
     assert {k: generation[k] for k in GENERATION} == GENERATION
     assert json.loads((export_dir / "config.json").read_text())["dtype"] == "float32"
     assert (export_dir / "tokenizer.json").is_file()
+
+
+def test_only_rank_0_ever_holds_a_whole_weight_during_export(job):
+    """The export gathers each weight's shards to rank 0 (not an all-gather): rank 1 sends its shards and is
+    handed no whole tensor, and no DTensor is gathered whole on every rank."""
+    from safetensors import safe_open
+
+    rank0 = json.loads((job["out"] / "results.json").read_text())["export_rank0"]
+    rank1 = json.loads((job["out"] / "export_rank1.json").read_text())
+    exported = 0
+    for path in (job["out"] / "export").glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            exported += sum(torch.Size(f.get_slice(key).get_shape()).numel() for key in f.keys())
+    assert rank1 == {"whole": 0, "elements": 0, "all_gathers": 0}
+    assert rank0["all_gathers"] == 0 and rank0["elements"] == exported and rank0["whole"] > 0

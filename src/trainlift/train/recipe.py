@@ -312,7 +312,7 @@ def export_run(w: Worker, model, model_config, tokenizer) -> None:
     """<run>/final/ (the merged model with LoRA, unless export.merge is off) and, with LoRA, <run>/adapter/."""
     spec = w.spec
     if spec.model.lora is not None:
-        lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer)
+        lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer, base_model=spec.model.path)
     if spec.model.lora is None or spec.export.merge:
         merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
         export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer,

@@ -4,9 +4,10 @@
 `model-0000N-of-0000M.safetensors` plus `model.safetensors.index.json` when larger than one
 file), config.json, generation_config.json and the tokenizer.
 
-The weights are streamed tensor by tensor: every rank joins one all-gather per tensor and rank 0
-appends it to the open safetensors file through the run's pyarrow filesystem (local or s3://), so
-rank 0 holds at most one full tensor beyond its training state. Every tensor's shape is known
+The weights are streamed tensor by tensor: every rank of rank 0's shard group sends its shard of a tensor
+to rank 0 (a gather, not an all-gather), and rank 0 appends the tensor to the open safetensors file through
+the run's pyarrow filesystem (local or s3://). Rank 0 holds at most one full tensor beyond its training state;
+no other rank ever holds a full tensor, on the device or the host. Every tensor's shape is known
 before anything is gathered, which lets the safetensors header be written first. What is written is a dict of
 `WeightSource`s: the model's own state dict, or tensors computed from it one at a time (LoRA merged into its
 base weights, `lora.merged_weights`).
@@ -82,14 +83,51 @@ def safetensors_header(entries: list[tuple[str, tuple[int, ...], torch.dtype]]) 
     return struct.pack("<Q", len(text)) + text
 
 
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on the CPU (an all-gather for a DTensor shard: every rank must call it)."""
-    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu()
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The whole tensor on rank 0's CPU; None on every other rank, which never holds it whole. A DTensor's shards
+    are gathered to rank 0 from its shard group (every rank must call it; ranks of other HSDP replicas only
+    return)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not isinstance(tensor, DTensor):
+        return tensor.detach().cpu() if rank == 0 else None
+    sharded = [i for i, placement in enumerate(tensor.placements) if placement.is_shard()]
+    if not sharded:
+        return tensor.to_local().detach().cpu() if rank == 0 else None
+    (mesh_dim,) = sharded
+    group = tensor.device_mesh.get_group(mesh_dim)
+    if dist.get_global_rank(group, 0) != 0:
+        return None
+    return gathered_to_rank0(tensor.to_local().detach(), tensor.placements[mesh_dim].dim, tensor.shape, group)
+
+
+def gathered_to_rank0(local: torch.Tensor, dim: int, shape: torch.Size, group) -> torch.Tensor | None:
+    """`local` shards (torch.chunk's split along `dim`, as FSDP2 makes them: equal chunks, the last ones short or
+    empty) padded to one chunk, gathered to the group's first rank and joined there, on the CPU."""
+    ranks = dist.get_world_size(group)
+    chunk = -(-shape[dim] // ranks)
+    padded_shape = list(shape)
+    padded_shape[dim] = chunk
+    padded = local
+    if local.shape[dim] != chunk or not local.is_contiguous():  # a short (or empty) last shard
+        padded = local.new_zeros(padded_shape)
+        padded.narrow(dim, 0, local.shape[dim]).copy_(local)
+    first = dist.get_rank(group) == 0
+    whole = None
+    if first:  # along dim 0 the shards land in place in one buffer; along another dim they are joined after
+        padded_shape[dim] = chunk * ranks
+        whole = local.new_empty(padded_shape)
+        parts = list(whole.chunk(ranks, dim)) if dim == 0 else [torch.empty_like(padded) for _ in range(ranks)]
+    dist.gather(padded, parts if first else None, dst=dist.get_global_rank(group, 0), group=group)
+    if not first:
+        return None
+    joined = whole if dim == 0 else torch.cat(parts, dim)
+    return joined.narrow(dim, 0, shape[dim]).cpu()
 
 
 class WeightSource(NamedTuple):
     """One exported tensor: its shape and stored dtype up front, and `full()`, which returns the whole tensor
-    on the CPU (a collective when it is gathered from shards: every rank calls it, in the same order)."""
+    on rank 0's CPU and None elsewhere (a collective when it is gathered from shards: every rank calls it, in the
+    same order)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -118,9 +156,9 @@ def write_weights(fs: pafs.FileSystem, out_dir: str, weights: dict[str, WeightSo
         if out is not None:
             out.write(safetensors_header(file_entries))
         for name, _, entry_dtype in file_entries:
-            tensor = weights[name].full().to(entry_dtype).contiguous()
+            tensor = weights[name].full()
             if out is not None:
-                out.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+                out.write(tensor.to(entry_dtype).contiguous().reshape(-1).view(torch.uint8).numpy().data)
             del tensor
         if out is not None:
             out.close()

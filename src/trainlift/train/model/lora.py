@@ -147,18 +147,21 @@ def flops_per_token(full_fine_tuning: float, model: torch.nn.Module) -> float:
     return full_fine_tuning - 2 * frozen_matmul + 6 * counts["trainable_params"]
 
 
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' whole tensors on the CPU, under peft's parameter names: one all-gather per adapter tensor
-    (every rank calls it), and nothing of the base model."""
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """The adapters' whole tensors on rank 0's CPU (None elsewhere), under peft's parameter names: one gather to
+    rank 0 per adapter tensor (every rank calls it), and nothing of the base model."""
     return {name: full_tensor(t) for name, t in model.state_dict().items() if ".lora_" in name}
 
 
-def save_adapter(fs: pafs.FileSystem, out_dir: str, model, tokenizer) -> None:
+def save_adapter(fs: pafs.FileSystem, out_dir: str, model, tokenizer, base_model: str | None = None) -> None:
     """`out_dir` in peft's adapter format (adapter_config.json + adapter_model.safetensors, as
-    `PeftModel.save_pretrained` writes them) plus the tokenizer, written by rank 0. A collective."""
+    `PeftModel.save_pretrained` writes them) plus the tokenizer, written by rank 0. A collective. `base_model`:
+    what adapter_config.json names as its base (the hub id or URI the job gave, not a node-local copy)."""
     state = adapter_state(model)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
+    if base_model is not None:
+        model.peft_config[ADAPTER].base_model_name_or_path = base_model
     with tempfile.TemporaryDirectory(prefix="trainlift-adapter-") as tmp:
         model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -213,5 +216,7 @@ def merged_weights(model: torch.nn.Module) -> dict[str, WeightSource]:
     return sources
 
 
-def _merged_full(base, lora_a, lora_b, scaling: float, fan_in_fan_out: bool) -> torch.Tensor:
-    return merged_weight(full_tensor(base), full_tensor(lora_a), full_tensor(lora_b), scaling, fan_in_fan_out)
+def _merged_full(base, lora_a, lora_b, scaling: float, fan_in_fan_out: bool) -> torch.Tensor | None:
+    """On rank 0 the merged weight; None on the other ranks, which only send their shards."""
+    parts = full_tensor(base), full_tensor(lora_a), full_tensor(lora_b)
+    return None if parts[0] is None else merged_weight(*parts, scaling, fan_in_fan_out)
