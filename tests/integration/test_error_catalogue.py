@@ -74,7 +74,11 @@ def ws(tiny_assets, tmp_path_factory):
         "role_cluster": str(root / "role_cluster.yaml"),
         "s3_run": spec("s3_run.yaml", lambda s: s["run"].update(storage="s3://someone-elses-bucket/runs")),
         "model_dir": str(shutil.copytree(tiny_assets / "model", root / "model")),
+        "quantized": spec("quantized.yaml", lambda s: s["model"].update(path=str(root / "fp8-model"))),
     }
+    fp8 = json.loads((shutil.copytree(tiny_assets / "model", root / "fp8-model") / "config.json").read_text())
+    fp8["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (root / "fp8-model" / "config.json").write_text(json.dumps(fp8))
     (root / "bad.jsonl").write_text(json.dumps(CHAT) + "\n{oops\n")
     (root / "nokey.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     pq.write_table(pa.table({"prompt": ["a", "b"], "completion": [" x", None]}), root / "bad.parquet")
@@ -125,6 +129,7 @@ CASES = {
     "seq-len-above-model-max": lambda f, r: ["train", f["long_seq"]],
     "run-dir-unwritable": lambda f, r: ["train", f["run_dir"]],
     "model-dir-without-config": lambda f, r: ["train", f["bad_model"]],
+    "model-checkpoint-quantized": lambda f, r: ["train", f["quantized"]],
     "lora-unknown-target": lambda f, r: ["train", f["lora_target"]],
     "parallel-degrees-not-the-workers": lambda f, r: ["train", f["good"], "--set", "parallel.replicate=2",
                                                       "--set", "parallel.shard=3"],

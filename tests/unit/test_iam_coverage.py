@@ -89,6 +89,8 @@ def test_job_spec_uses_name_their_fields_and_skip_local_paths():
         S3Use("run.storage", "s3://ckpt-bucket/ray-train", write=True),
         S3Use("data.train", "s3://datasets/tasks/train.jsonl"),
     ]
+    on_s3 = spec.model_copy(update={"model": spec.model.model_copy(update={"path": "s3://models/qwen2.5-1.5b"})})
+    assert S3Use("model.path", "s3://models/qwen2.5-1.5b") in job_s3_uses(on_s3)  # each node reads it
 
 
 def test_submit_side_check_is_one_line_with_a_hint():

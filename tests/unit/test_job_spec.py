@@ -106,3 +106,9 @@ def test_relative_paths_in_a_spec_file_are_relative_to_it_and_set_values_to_the_
                                         "data: {train: /abs/train.jsonl}\n")
     built = load_job_spec(project / "build.yaml")
     assert built.model.path == str(project / "out" / "model") and built.data.train == "/abs/train.jsonl"
+
+
+def test_a_model_built_from_its_config_is_not_saved_to_s3():
+    with pytest.raises(SpecError, match=r"model.path: s3://b/m cannot take a model built from model.config"):
+        validate_job_spec({"model": {"path": "s3://b/m", "config": {"model_type": "llama"}},
+                           "data": {"train": "t.jsonl"}})

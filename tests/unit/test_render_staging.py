@@ -14,7 +14,7 @@ from trainlift.config.cluster import parse_cluster_spec
 from trainlift.render import JobInputs, render_cluster
 from trainlift.render.raycluster import STAGING_PATH, ephemeral_gib, staging_gib
 from trainlift.render.validate import crd_problems, eksctl_problems
-from trainlift.train.run.checkpoint import STAGING_ENV
+from trainlift.train.model.fetch import STAGING_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = JobInputs(name="sft", spec_path="jobs/sft.yaml", workers=8, working_dir="s3://my-trainlift-checkpoints/code/j.zip",

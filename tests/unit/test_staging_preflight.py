@@ -1,5 +1,5 @@
-"""The driver's staging check: two checkpoints of the run must fit the staging directory's free space when every
-worker stages on this machine. The model's size comes from its config (no weights are read)."""
+"""The driver's staging check: two checkpoints of a full fine-tune must fit the staging directory's free space when
+every worker stages on this machine. The model's size comes from its safetensors headers (no weights read)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,29 @@ import pytest
 
 from trainlift.config.job import validate_job_spec
 from trainlift.errors import UsageError
-from trainlift.estimate.memory import checkpoint_bytes
-from trainlift.estimate.shape import shape_of
 from trainlift.train.run import preflight
 
-CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "tie_word_embeddings": False}
+
+def spec(model_dir, **sections):
+    return validate_job_spec({"model": {"path": str(model_dir), **sections.pop("model", {})},
+                              "data": {"train": "t.jsonl"}, **sections})
 
 
-def spec(**checkpoint):
-    return validate_job_spec({"model": {"config": CONFIG, "tokenizer": "t"}, "data": {"train": "t.jsonl"},
-                              "checkpoint": checkpoint})
+def test_two_checkpoints_that_do_not_fit_are_refused_in_one_line(tiny_assets):
+    from transformers import AutoModelForCausalLM
 
-
-def test_two_checkpoints_that_do_not_fit_are_refused_in_one_line():
-    need = 2 * checkpoint_bytes(shape_of(preflight.model_config(spec())))
-    preflight.check_staging_space(spec(), free_bytes=int(need) + 1)
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_assets / "model").parameters())
+    assert preflight.stored_parameters(str(tiny_assets / "model")) == params
+    need = 2 * 12 * params  # fp32 weight + two fp32 AdamW moments, twice
+    preflight.check_staging_space(spec(tiny_assets / "model"), free_bytes=need)
     with pytest.raises(UsageError) as raised:
-        preflight.check_staging_space(spec(), free_bytes=int(need) - 1)
+        preflight.check_staging_space(spec(tiny_assets / "model"), free_bytes=need - 1)
     line = raised.value.one_line()
     assert "checkpoint staging: two checkpoints of this model take" in line and "TRAINLIFT_STAGING_DIR" in line
     assert "\n" not in line
 
 
-def test_a_checkpoint_holds_twelve_bytes_per_trainable_parameter():
-    shape = shape_of(preflight.model_config(spec()))
-    assert checkpoint_bytes(shape) == 12 * shape.params  # fp32 weight + two fp32 AdamW moments
-    assert checkpoint_bytes(shape, lora_params=1000) == 12_000  # LoRA saves its adapters only
-
-
-def test_a_run_without_checkpoints_needs_no_staging():
-    preflight.check_staging_space(spec(every_steps=0), free_bytes=0)
+def test_runs_whose_checkpoints_are_small_or_absent_are_not_checked(tiny_assets):
+    preflight.check_staging_space(spec(tiny_assets / "model", checkpoint={"every_steps": 0}), free_bytes=0)
+    preflight.check_staging_space(spec(tiny_assets / "model", model={"lora": {"r": 4}}), free_bytes=0)
+    preflight.check_staging_space(spec("Qwen/Qwen2.5-1.5B"), free_bytes=0)  # a hub model: not on this disk

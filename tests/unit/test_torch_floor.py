@@ -42,6 +42,10 @@ PUBLIC_SINCE = {
     "torch.distributed.fsdp.MixedPrecisionPolicy": ("2.6", FSDP2),
     "torch.distributed.checkpoint.state_dict_saver.AsyncCheckpointerType": (
         "2.7", "async_save's async_checkpointer_type (THREAD/PROCESS) since 2.7 (FACTS.md)"),
+    "torch.distributed.checkpoint.staging.DefaultStager": (
+        "2.9", "async_save(async_stager=...) with DefaultStager and StagingOptions since 2.9 (pytorch/pytorch#156207)"),
+    "torch.distributed.checkpoint.staging.StagingOptions": (
+        "2.9", "async_save(async_stager=...) with DefaultStager and StagingOptions since 2.9 (pytorch/pytorch#156207)"),
     "torch.distributed.checkpoint.HuggingFaceStorageReader": (
         "2.8", "exported from torch.distributed.checkpoint since 2.8 (private _hf_storage in 2.7)"),
 }

@@ -42,7 +42,10 @@ class LoraSection(_Section):
 
 
 class ModelSection(_Section):
-    path: str | None = Field(None, description="Local HF model directory or hub id.")
+    path: str | None = Field(None, description="Local HF model directory, hub id or s3://bucket/prefix. Hub and S3 "
+                             "models are fetched once per node (the indexed weight files, config and tokenizer) into "
+                             "the node's model cache (TRAINLIFT_MODEL_CACHE, else <staging dir>/models); a local one "
+                             "must be readable on every node (under a shared run.storage).")
     config: dict[str, Any] | str | None = Field(
         None,
         description="HF config (a dict with model_type, or a config.json path): random init. "
@@ -62,6 +65,9 @@ class ModelSection(_Section):
             raise ValueError("set model.path (a model directory or hub id) or model.config")
         if self.path is None and self.tokenizer is None:
             raise ValueError("model.tokenizer is required when the model is built from model.config alone")
+        if self.config is not None and self.path is not None and "://" in self.path:
+            raise ValueError(f"model.path: {self.path} cannot take a model built from model.config (it is saved to "
+                             "a local directory); drop model.path, or upload the built model and drop model.config")
         return self
 
 

@@ -9,7 +9,7 @@ from trainlift import catalog
 from trainlift.catalog.lookup import pinned_image
 from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
-from trainlift.train.run.checkpoint import STAGING_ENV
+from trainlift.train.model.fetch import STAGING_ENV
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"

@@ -137,6 +137,8 @@ def prepare(spec: JobSpec, started_at: float) -> Prepared:
     preflight.check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
                                               ray.util.get_node_ip_address())
     prepare_model(spec)
+    if {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} <= {ray.util.get_node_ip_address()}:
+        preflight.check_staging_space(spec)  # every worker stages its checkpoints on this machine
     data_cache = prepare_data(spec)
     scaling, use_gpu = scaling_for(spec)
     if spec.scaling.workers == "auto":
@@ -218,9 +220,6 @@ def run_training(
     `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it). What Ray and the
     libraries print goes to the run's driver.log, and onto the console too with `verbose`."""
     spec = preflight.check(spec)
-    target = address or os.environ.get("RAY_ADDRESS")
-    if not target or localray.is_loopback(target):  # every worker stages its checkpoints on this machine
-        preflight.check_staging_space(spec)
     finished = finished_summary(spec)
     if finished is not None:
         return {**finished, "already_finished": True}

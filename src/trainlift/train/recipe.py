@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
 from trainlift.train.data import cache as datacache, examples as data
-from trainlift.train.model import export, lora, weights
+from trainlift.train.model import export, fetch, lora, weights
 from trainlift.train.model.build import (StepFlops, apply_fsdp, attention_implementation, fill_weights, load_tokenizer,
                                          sharded_config, step_flops)
 from trainlift.train.model.loss import token_loss_sum
@@ -315,8 +315,10 @@ def export_run(w: Worker, model, model_config, tokenizer) -> None:
         lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer, base_model=spec.model.path)
     if spec.model.lora is None or spec.export.merge:
         merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
+        source = fetch.cached_dir(spec.model.path) if spec.model.path else None  # for its generation config
         export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer,
-                         torch.bfloat16 if w.bf16 else torch.float32, source_dir=spec.model.path, weights=merged)
+                         torch.bfloat16 if w.bf16 else torch.float32, source_dir=str(source) if source else None,
+                         weights=merged)
 
 
 def train_loop_per_worker(config: dict) -> None:

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from trainlift.train.model import weights
+from trainlift.train.model import fetch, weights
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
@@ -58,9 +58,10 @@ def random_model(config: dict[str, Any] | str, tokenizer, seed: int) -> torch.nn
 
 
 def sharded_config(model_spec) -> PretrainedConfig:
-    """The model's config, from `path` (a local directory or hub id) or built from `config`."""
+    """The model's config, from `path` (a local directory, hub id or s3:// prefix: fetched once per node) or built
+    from `config`."""
     if model_spec.path is not None:
-        return weights.config_of(str(weights.local_model_dir(model_spec.path)))
+        return weights.config_of(str(fetch.model_dir(model_spec.path)))
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
 
 
@@ -84,14 +85,16 @@ def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.de
     weights.materialize_shards(model, device)
     checkpoint_key = checkpoint_key or weights.same_key
     if model_spec.path is not None:
-        weights.load_safetensors(model, weights.local_model_dir(model_spec.path), checkpoint_key)
+        weights.load_safetensors(model, fetch.model_dir(model_spec.path), checkpoint_key)
     else:
         weights.init_random(model, seed, checkpoint_key)
     return model
 
 
 def load_tokenizer(model_spec):
-    return AutoTokenizer.from_pretrained(model_spec.tokenizer or model_spec.path)
+    """From `tokenizer`, else `path`: a local directory, or this node's cache of a hub id or s3:// prefix (the
+    tokenizer files alone where the weights are not there)."""
+    return AutoTokenizer.from_pretrained(str(fetch.model_dir(model_spec.tokenizer or model_spec.path, weights=False)))
 
 
 def max_positions(config: PretrainedConfig) -> int | None:

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from trainlift.errors import SpecError
+from trainlift.train.model import keymap
 
 CheckpointKey = Callable[[str], str | None]  # a model's parameter name -> its name in the base model, or None
 
@@ -126,27 +127,34 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_key: CheckpointKey = same_key) -> None:
     """Fill the model's (sharded, materialised) parameters and persistent buffers from the HF safetensors files
-    in `model_dir`, converting dtypes on the way. `checkpoint_key` maps a model key to its name in the files;
-    keys it maps to None (adapters) are not looked for."""
+    in `model_dir`, converting dtypes on the way. `checkpoint_key` maps a model key to its name in the base model;
+    keys it maps to None (adapters) are not looked for. The files' keys are matched to the base model's by
+    transformers' conversion mapping (`keymap`): renamed keys are read slice by slice, and each fused parameter
+    (MoE experts) is built whole from its source tensors, one at a time, of which each rank keeps its shard."""
     model_dir = Path(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise SpecError(f"model.path: {model_dir}: no *.safetensors files to load the model from",
                         hint="save the model with save_pretrained(..., safe_serialization=True)")
-    reader = HeadersReadOnce(str(model_dir))
-    stored = set(reader.read_metadata().state_dict_metadata)
     aliases = tied_aliases(model)
     wanted = {checkpoint_key(name): tensor for name, tensor in model.state_dict().items()
               if name not in aliases and checkpoint_key(name) is not None}
-    missing = sorted(key for key in wanted if key not in stored)
+    plan = keymap.plan(model.config, keymap.file_index(model_dir))
+    missing = sorted(key for key in wanted if not plan.covers(key))
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise SpecError(f"model.path: {model_dir}: the safetensors files lack {shown}",
                         hint="model.path must hold weights saved for this model's architecture")
-    dcp.load(wanted, storage_reader=reader)
+    renamed = {plan.renamed[key]: tensor for key, tensor in wanted.items() if key in plan.renamed}
+    if renamed:
+        dcp.load(renamed, storage_reader=HeadersReadOnce(str(model_dir)))
+    for built in plan.converted_tensors(wanted):
+        for key, full in built.items():
+            if key in wanted:
+                copy_shard(wanted[key], full)
 
 
 class HeadersReadOnce(HuggingFaceStorageReader):
-    """Reads every safetensors file's header once: the key check above and `dcp.load` share what it found."""
+    """Reads every safetensors file's header once, however often `dcp.load` asks for the metadata."""
 
     @functools.cached_property
     def _metadata(self):

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,13 +32,6 @@ MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
 _NAME = re.compile(r"^checkpoint_(\d{8})$")
-# Where a worker writes a checkpoint before it is uploaded (and, on a cluster, the node's model cache): the rendered
-# worker pods mount the node's local NVMe there; elsewhere it is the system's temporary directory.
-STAGING_ENV = "TRAINLIFT_STAGING_DIR"
-
-
-def staging_root() -> str:
-    return os.environ.get(STAGING_ENV) or tempfile.gettempdir()
 
 
 def dir_name(step: int) -> str:

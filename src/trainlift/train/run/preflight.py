@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
@@ -16,6 +17,7 @@ from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
 from trainlift.errors import UsageError
 from trainlift.train.data import source as datasource
+from trainlift.train.model import fetch
 from trainlift.train.run import mesh, trackers
 
 
@@ -25,8 +27,8 @@ def _local(path: str | None) -> str | None:
 
 
 def _local_if_exists(path: str | None) -> str | None:
-    """Local paths that exist become absolute; anything else (a hub id) passes through."""
-    return _local(path) if path is not None and Path(path).expanduser().exists() else path
+    """Local paths that exist become absolute; anything else (a hub id, an s3:// URI) passes through."""
+    return _local(path) if path is not None and "://" not in path and Path(path).expanduser().exists() else path
 
 
 def resolve_paths(spec: JobSpec) -> JobSpec:
@@ -82,6 +84,8 @@ def model_config(spec: JobSpec):
         return build_config(spec.model.config)
     if (fields := checkpointed_config_fields(spec)) is not None:
         return CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
+    if fetch.is_s3(spec.model.path):  # the config and tokenizer files alone, into this machine's model cache
+        return AutoConfig.from_pretrained(fetch.model_dir(spec.model.path, weights=False))
     try:
         return AutoConfig.from_pretrained(spec.model.path)
     except (OSError, ValueError) as exc:
@@ -133,6 +137,10 @@ def check(spec: JobSpec) -> JobSpec:
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
+    from trainlift.train.model import families
+
+    if (fields := _config_fields(spec)) is not None:  # a hub model's config is checked on the workers
+        families.check_loadable(fields)
     if spec.model.lora is not None:
         from trainlift.train.model import lora
 
@@ -149,47 +157,94 @@ def check_parallel(spec: JobSpec, workers: int | None) -> None:
         mesh.explicit_degrees(spec.parallel.replicate, spec.parallel.shard, workers)
 
 
-def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str) -> None:
+def check_model_readable_by_workers(spec: JobSpec, node_ips: set[str], driver_ip: str,
+                                    unreadable_on: Callable[[str, set[str]], set[str]] | None = None) -> None:
     """model.config with a local model.path builds the model on the driver's disk: workers on other hosts cannot
-    read it there, unless it lies under a local run.storage (which a multi-node run mounts on every node)."""
+    read it there, unless it lies under a local run.storage (which a multi-node run mounts on every node). A local
+    model.path that exists must be readable on every other node: `unreadable_on(path, ips)` (default: asked of each
+    node through Ray, `nodes_without_model`) names the nodes that cannot; S3 and hub models are fetched per node."""
     model = spec.model
-    if model.config is None or not model.path or "://" in model.path:
+    if not model.path or "://" in model.path:
         return
     others = node_ips - {driver_ip}
     if not others:
         return
     if not spec.is_remote_storage and Path(model.path).is_relative_to(spec.run.storage):
         return
-    raise UsageError(f"model.path: {model.path} would be built on this machine's disk, which workers on "
-                     f"{len(others)} other node(s) cannot read",
-                     hint="drop model.path (each worker builds the same model from model.config and train.seed) "
-                     "or put it under a run.storage volume that every node mounts")
+    if model.config is not None:
+        raise UsageError(f"model.path: {model.path} would be built on this machine's disk, which workers on "
+                         f"{len(others)} other node(s) cannot read",
+                         hint="drop model.path (each worker builds the same model from model.config and "
+                         "train.seed) or put it under a run.storage volume that every node mounts")
+    if not Path(model.path).expanduser().is_dir():  # a hub id: every node fetches it
+        return
+    blind = (unreadable_on or nodes_without_model)(model.path, others)
+    if blind:
+        raise UsageError(f"model.path: {model.path} is a directory on this machine's disk, which workers on "
+                         f"{len(blind)} other node(s) cannot read ({', '.join(sorted(blind))})",
+                         hint="put the model on S3 (model.path: s3://bucket/prefix, fetched once per node) or on "
+                         "storage every node mounts at the same path (e.g. under a shared run.storage)")
+
+
+def nodes_without_model(path: str, ips: set[str]) -> set[str]:
+    """The Ray nodes among `ips` that answer that `path`/config.json is not there (a shared file system mounted at
+    the same path passes). Nodes Ray does not list, or that do not answer in time, are not named: their workers
+    then report the missing files themselves."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        return set()
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def has_config(directory: str) -> bool:
+        return Path(directory, "config.json").is_file()
+
+    asked = {n["NodeManagerAddress"]: has_config.options(
+                 scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(path)
+             for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] in ips}
+    ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=120)
+    answered = {ip for ip, ref in asked.items() if ref in ready}
+    return {ip for ip in answered if not ray.get(asked[ip])}
 
 
 def check_staging_space(spec: JobSpec, free_bytes: int | None = None) -> None:
-    """Two checkpoints of the run must fit the free space of the staging directory, when every worker stages on
-    this machine (a cluster's staging volumes are checked against their rendered size by `submit --cluster`)."""
+    """Two checkpoints of a full fine-tune must fit the staging directory's free space, when every worker stages
+    on this machine (a cluster's staging volumes are checked against their rendered size by `submit --cluster`).
+    The model's size comes from its safetensors headers; a LoRA checkpoint holds only its adapters."""
     import shutil
 
-    from trainlift.errors import TrainliftError
-    from trainlift.estimate.memory import GIB, checkpoint_bytes
-    from trainlift.estimate.shape import shape_of
-    from trainlift.train.run.checkpoint import STAGING_ENV, staging_root
+    from trainlift.train.model.fetch import STAGING_ENV, staging_root
 
-    if not spec.checkpoint.every_steps:
+    if not spec.checkpoint.every_steps or spec.model.lora is not None:
         return
-    try:
-        shape = shape_of(model_config(spec))
-    except TrainliftError:  # a family the estimate does not know: nothing to check against
+    params = stored_parameters(spec.model.path)
+    if params is None:
         return
-    lora = spec.model.lora
-    need = 2 * checkpoint_bytes(shape, shape.lora_params(lora.r, lora.target_modules) if lora else 0)
+    need = 2 * CHECKPOINT_BYTES_PER_PARAMETER * params
     root = staging_root()
     free = shutil.disk_usage(root).free if free_bytes is None else free_bytes
     if need > free:
-        raise UsageError(f"checkpoint staging: two checkpoints of this model take {need / GIB:.1f} GiB, but {root} "
-                         f"has {free / GIB:.1f} GiB free",
+        raise UsageError(f"checkpoint staging: two checkpoints of this model take {need / 2**30:.1f} GiB, but {root} "
+                         f"has {free / 2**30:.1f} GiB free",
                          hint=f"free space there, or point {STAGING_ENV} at a directory with room")
+
+
+CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 weight and two fp32 AdamW moments (estimate.memory.checkpoint_bytes)
+
+
+def stored_parameters(model_path: str | None) -> int | None:
+    """Elements in the safetensors files of a local model directory, from their headers alone; None elsewhere."""
+    import struct
+
+    if not model_path or "://" in model_path or not Path(model_path).is_dir():
+        return None
+    total = 0
+    for file in Path(model_path).glob("*.safetensors"):
+        with open(file, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        total += sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+    return total or None
 
 
 class PreflightError(RuntimeError):

@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainlift.train.model.fetch import staging_root
 from trainlift.train.run import checkpoint
 
 
@@ -66,7 +67,7 @@ class Saver:
         import ray.train
 
         w = self.w
-        with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-", dir=checkpoint.staging_root()) as local_dir:
+        with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-", dir=staging_root()) as local_dir:
             checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, w.rank, w.world)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
                              checkpoint_dir_name=checkpoint.dir_name(step))
@@ -78,22 +79,18 @@ class Saver:
 
     def _start_async(self, model, optimizer, scheduler, step, cursor, metrics) -> None:
         import ray.train
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self.wait()
         w = self.w
-        local_dir = tempfile.mkdtemp(prefix="trainlift-ckpt-", dir=checkpoint.staging_root())
-        model_sd, optim_sd = checkpoint.trainable_state(model, optimizer)
-        written = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir,
-                                 process_group=self.group, async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+        local_dir = tempfile.mkdtemp(prefix="trainlift-ckpt-", dir=staging_root())
+        written, stager = start_write(local_dir, model, optimizer, self.group, w.device)
         checkpoint.write_extras(local_dir, model, scheduler, step, cursor, w.rank, w.world)
         ray.train.report(metrics)
-        self._thread = threading.Thread(target=self._finish, args=(written, local_dir, step),
+        self._thread = threading.Thread(target=self._finish, args=(written, local_dir, step, stager),
                                         name=f"trainlift-checkpoint-{step}", daemon=True)
         self._thread.start()
 
-    def _finish(self, written, local_dir: str, step: int) -> None:
+    def _finish(self, written, local_dir: str, step: int, stager) -> None:
         """On the saver's thread: wait for the write, upload, agree that every rank's upload succeeded, commit."""
         import pyarrow.fs as pafs
 
@@ -108,6 +105,8 @@ class Saver:
             self._error, ok = exc, False
         finally:
             shutil.rmtree(local_dir, ignore_errors=True)
+            if stager is not None:
+                stager.close()
         try:
             every_rank_ok = torch.tensor([int(ok)])
             dist.all_reduce(every_rank_ok, op=dist.ReduceOp.MIN, group=self.group)
@@ -123,3 +122,29 @@ class Saver:
         w = self.w
         checkpoint.mark_complete(w.fs, f"{w.run_path}/{checkpoint.dir_name(step)}", step, w.world)
         checkpoint.prune(w.fs, w.run_path, w.spec.checkpoint.keep)
+
+
+def start_write(local_dir: str, model, optimizer, group, device):
+    """`dcp.async_save` of this rank's trainable state into `local_dir` by DCP's process-based checkpointer; returns
+    once the state is in host memory, with (the write's future, the stager to close once it is written)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    model_sd, optim_sd = checkpoint.trainable_state(model, optimizer)
+    stager = host_stager(device)
+    written = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir, process_group=group,
+                             async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
+    return written, stager
+
+
+def host_stager(device):
+    """On a GPU, a stager that copies the state into pinned, shared host memory with non-blocking copies (the
+    checkpointing process then reads it without another copy); elsewhere None: DCP's default stager copies to
+    ordinary host memory. One per save, closed once it is written: torch 2.11's DefaultStager cannot be reused
+    across saves (pytorch/pytorch#183413)."""
+    if device.type != "cuda":
+        return None
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True, use_async_staging=False,
+                                        use_non_blocking_copy=True))
