@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from trainlift import catalog
 from trainlift.cli import app
-from trainlift.errors import UsageError
+from trainlift.errors import SpecError, UsageError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONFIGS = EXAMPLES / "model-configs"
@@ -73,3 +73,23 @@ def test_submit_to_a_cluster_refuses_a_job_that_does_not_fit_before_anything_is_
     forced = runner.invoke(app, [*args, "--force"])
     # Past the estimate, the submit goes on to the (absent) cluster.
     assert not isinstance(forced.exception, UsageError) or "does not fit" not in forced.exception.message
+
+
+def test_submit_to_a_cluster_refuses_a_shard_degree_its_nodes_cannot_hold(tmp_path):
+    """3x p5.48xlarge (8 GPUs each), 24 workers as 2 replicas x 12 shards: a shard group would straddle nodes
+    unevenly. `submit --cluster` says so in one line before anything is uploaded (the workers would only find out
+    once placed)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.jsonl").write_text('{"text": "x"}\n')
+    cluster = yaml.safe_load((EXAMPLES / "cluster-p5.yaml").read_text())
+    cluster["workers"][0]["count"] = 3
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    spec = {"model": {"config": str(CONFIGS / "llama-3.1-8b.json"), "tokenizer": "t"},
+            "data": {"train": "data/t.jsonl", "format": "text", "seq_len": 2048},
+            "scaling": {"workers": 24}, "parallel": {"replicate": 2, "shard": 12},
+            "run": {"storage": "s3://my-trainlift-checkpoints/ray-train"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    refused = runner.invoke(app, ["submit", str(tmp_path / "job.yaml"), "--cluster", str(tmp_path / "cluster.yaml"),
+                                  "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path), "--detach"])
+    assert isinstance(refused.exception, UsageError | SpecError), refused.output
+    assert refused.exception.message == "parallel.shard: 12 does not divide the workers of a node (8 per node)"

@@ -189,9 +189,13 @@ def check_fits_cluster(job, spec_file: Path, cluster_file: Path, force: bool, js
     from trainlift.estimate.shape import shape_of
     from trainlift.ops.model_config import read_model_config
 
+    from trainlift.train.run.mesh import MeshError
+
     try:
         result = plan(job, shape_of(read_model_config(job.model)), _target(cluster_file, None, 1, None, False),
                       advise=False)
+    except MeshError:  # explicit parallel degrees the cluster's nodes cannot hold: refused before anything runs
+        raise
     except TrainliftError as exc:
         err_console.print(f"[yellow]estimate skipped:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
         return
