@@ -113,6 +113,13 @@ def test_async_checkpoints_train_the_same_losses_as_sync_ones(uninterrupted, tin
     assert summary["checkpoint_blocked_s"] > 0 and sync_summary["checkpoint_blocked_s"] > 0
 
 
+def test_a_stop_checkpoints_even_without_periodic_checkpoints(tiny_spec):
+    spec = tiny_spec("run.name=stop-no-periodic", "checkpoint.every_steps=0", "train.eval_every=0")
+    assert run_training(spec, stop_at_step=2)["steps"] == 2
+    fs = checkpoint.pafs.LocalFileSystem()
+    assert [(s, done) for s, _, done in checkpoint.list_checkpoints(fs, spec.run_uri)] == [(2, True)]
+
+
 def test_stop_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tiny_spec):
     """Same data order, same RNG: steps 5-6 after a resume equal the uninterrupted run's (fp32, tol 1e-6).
     The first run pruned checkpoint 2 (keep=1) before stopping: the rerun still starts."""

@@ -268,7 +268,8 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
           log: RunLog, stop_requests: StopRequests, stop_at: int | None) -> tuple[int, float, float | None]:
     """Steps until `train.steps`, or until a stop is asked for (checkpointed first); returns
     (step reached, last loss, last eval loss or None) once the last checkpoint is complete in storage."""
-    saver = Saver(w, spec.checkpoint.mode) if (spec := w.spec).checkpoint.every_steps else None
+    spec = w.spec
+    saver = Saver(w, spec.checkpoint.mode)  # a stop checkpoints even without periodic checkpoints
     rows_per_step = w.world * spec.train.micro_batch_size * micro_batches_per_step(spec, w.world)
     every_ckpt, every_eval = spec.checkpoint.every_steps, spec.train.eval_every
     loss, eval_loss = float("nan"), None
@@ -297,14 +298,13 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
         if periodic or (stopping and step < spec.train.steps):
             log.sink.flush()
             log.checkpoint_held(step, saver.save(model, optimizer, scheduler, step, cursor, boundary_metrics))
-        for done in saver.completed() if saver else ():
+        for done in saver.completed():
             log.sink.checkpointed(done)
         if stopping:
             break
-    if saver is not None:
-        saver.wait()
-        for done in saver.completed():
-            log.sink.checkpointed(done)
+    saver.wait()
+    for done in saver.completed():
+        log.sink.checkpointed(done)
     return step, loss, eval_loss
 
 
