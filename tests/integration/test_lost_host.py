@@ -4,7 +4,7 @@ veth pair (10.250.0.1 <-> 10.250.0.2, nothing else reachable). Needs root, as CI
 - A throttled link (`tc netem` rate where the kernel has it, else the `tbf` token bucket) makes
   `trainlift doctor fabric --address` report all_reduce bandwidth below the floor it is given, at the link's rate.
 - Taking the link down in the middle of an elastic run (`scaling.workers: [1, 2]`) ends in a resumed,
-  finished run on the head alone, within a stated time; with a fixed size (2 workers) it ends in one clear
+  finished run on the head alone, within a stated time (HSDP across the two hosts, then the mesh of one); with a fixed size (2 workers) it ends in one clear
   error within that time, not a hang.
 """
 
@@ -175,12 +175,20 @@ def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_a
     assert summary["finished"] and summary["steps"] == steps and summary["world_size"] == 1
     assert summary["resumed_from"], (summary, err[-4000:], (run_dir / "metrics.jsonl").read_text()[-3000:])
     resumed = int(summary["resumed_from"].rsplit("_", 1)[1])
-    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    all_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in all_rows if "loss" in r]
+    # `parallel: auto` on two hosts of one worker each replicates across them (HSDP 2 x 1); the group that is
+    # left after the loss resumes that checkpoint on the mesh of one worker, and the summary names it.
+    meshes = [(r["mesh"]["replicate"], r["mesh"]["shard"]) for r in all_rows if r.get("event") == "start"]
+    assert meshes[0] == (2, 1) and meshes[-1] == (1, 1), meshes
+    assert (summary["mesh"]["replicate"], summary["mesh"]["shard"]) == (1, 1)
     first_alone = next(i for i, r in enumerate(rows) if r["world"] == 1)
     before, after = rows[:first_alone], rows[first_alone:]
     assert {r["world"] for r in before} == {2} and {r["world"] for r in after} == {1}
     assert after[0]["step"] == resumed + 1 and after[-1]["step"] == steps
-    assert 0 <= max(r["step"] for r in before) - resumed <= every
+    # Asynchronous checkpoints: the save started at the step before the loss may never complete (its commit needs
+    # both hosts), so up to 2 x every steps are repeated, as for a killed worker.
+    assert 0 <= max(r["step"] for r in before) - resumed <= 2 * every
     assert (run_dir / "final" / "model.safetensors").is_file()
     print(f"link down after step {max(r['step'] for r in before)}; resumed from step {resumed} on the head; first "
           f"step {after[0]['time'] - lost_at:.1f} s and finish {time.time() - lost_at:.1f} s after the loss")

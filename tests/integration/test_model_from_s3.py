@@ -2,7 +2,8 @@
 loopback, whose WSGI app is wrapped to record every request. The model is saved in shards with an index, beside a
 stale `model.safetensors` the index does not name. Two workers on one node: each weight file is fetched from S3
 once (one process per node downloads, the other waits on the cache's lock), the stale file never, and the run
-trains to its end from the fetched weights."""
+(LoRA) trains to its end from the fetched weights; its merged export keeps the source's generation config and its
+adapter names the URI as its base."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def test_a_model_on_s3_is_fetched_once_per_node_indexed_files_only_and_trains(s3
         client.upload_file(str(path), BUCKET, f"{PREFIX}/{path.name}")
     s3.requests.clear()
 
-    spec = {"model": {"path": f"s3://{BUCKET}/{PREFIX}"},
+    uri = f"s3://{BUCKET}/{PREFIX}"
+    spec = {"model": {"path": uri, "lora": {"r": 4, "alpha": 8}},
             "data": {"train": str(tiny_assets / "train.jsonl"), "seq_len": 64},
             "train": {"steps": 2, "micro_batch_size": 2, "warmup_steps": 1},
             "scaling": {"workers": 2}, "checkpoint": {"every_steps": 0},
@@ -108,6 +110,8 @@ def test_a_model_on_s3_is_fetched_once_per_node_indexed_files_only_and_trains(s3
     assert summary["finished"] and summary["steps"] == 2
     exported = json.loads((tmp_path / "runs" / "from-s3" / "final" / "generation_config.json").read_text())
     assert {k: exported[k] for k in generation} == generation
+    adapter = json.loads((tmp_path / "runs" / "from-s3" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == uri  # portable: the URI, not the node's cache
 
     assert {name: s3.gets(name) for name in shards} == {name: 1 for name in shards}  # once per node, not per rank
     assert s3.gets(stale) == 0 and s3.requests["HEAD", f"{PREFIX}/{stale}"] == 0

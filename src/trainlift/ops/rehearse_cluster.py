@@ -14,6 +14,7 @@ from typing import Any, Callable
 from trainlift.errors import TrainliftError
 from trainlift.ops import jobs, run
 from trainlift.ops.localray import LOOPBACK, dashboard_up, free_port, kill_group, path_with_this_python, ray_start_on_loopback
+from trainlift.train.model.fetch import STAGING_ENV
 
 START_TIMEOUT_S = 120.0
 # Each raylet would size its object store at 30% of this machine's memory; several on one machine overcommit it
@@ -52,6 +53,9 @@ class LocalCluster:
 
     def _ray_start(self, name: str, flags: list[str], params: dict[str, str], env: dict[str, str]) -> None:
         params = {"object-store-memory": str(OBJECT_STORE_BYTES), **params}
+        if STAGING_ENV in env:  # the pod's staging volume: a directory of this "pod" under the rehearsal's temp
+            env = {**env, STAGING_ENV: os.path.join(self.temp, "staging", name)}
+            os.makedirs(env[STAGING_ENV])
         cmd = ray_start_on_loopback(*flags, *(f"--{k}={v}" for k, v in params.items()))
         proc = run.spawn_detached(cmd, os.path.join(self.temp, f"{name}.log"), env=self._env(env))
         self.groups.append(proc.pid)
