@@ -28,14 +28,11 @@ the g·P/s gradient shard.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
 import runpy
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import benchlib as bl
@@ -196,21 +193,9 @@ def param_counts(config: dict) -> tuple[int, int]:
     return sum(p.numel() for p in params), sum(p.numel() for p in params if id(p) not in inside)
 
 
-@contextlib.contextmanager
 def two_raylets():
     nodes = runpy.run_path(str(bl.REPO / "tests" / "integration" / "ray_nodes.py"))
-    temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
-    port = nodes["free_port"]()
-    address, started = f"127.0.0.1:{port}", []
-    try:
-        started.append(nodes["start_node"](temp, "head", port=port, cpus=2))
-        started.append(nodes["start_node"](temp, "worker", head_address=address, cpus=2))
-        nodes["wait_for_nodes"](address, 2)
-        yield address
-    finally:
-        for node in started:
-            node.kill()
-        shutil.rmtree(temp, ignore_errors=True)
+    return nodes["two_local_nodes"](cpus=2)
 
 
 def run_mesh(address: str, name: str, replicate: int, shard: int, steps: int, work: Path) -> dict:

@@ -6,11 +6,14 @@ Not a test module: tests load it with `runpy.run_path` (the test directories are
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -98,3 +101,20 @@ def wait_for_nodes(address: str, count: int, netns: str | None = None) -> None:
                            capture_output=True, text=True, timeout=120)
     if not alive.stdout.strip().endswith(str(count)):
         raise RuntimeError(f"{count} Ray nodes did not come up: {alive.stdout[-500:]} {alive.stderr[-1500:]}")
+
+
+@contextlib.contextmanager
+def two_local_nodes(cpus: int = 1, head_env: dict[str, str] | None = None, worker_env: dict[str, str] | None = None):
+    """A head and a worker node on loopback, `cpus` each; yields the head's address, kills both after."""
+    temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
+    port = free_port()
+    address, started = f"127.0.0.1:{port}", []
+    try:
+        started.append(start_node(temp, "head", port=port, cpus=cpus, **(head_env or {})))
+        started.append(start_node(temp, "worker", head_address=address, cpus=cpus, **(worker_env or {})))
+        wait_for_nodes(address, 2)
+        yield address
+    finally:
+        for node in started:
+            node.kill()
+        shutil.rmtree(temp, ignore_errors=True)

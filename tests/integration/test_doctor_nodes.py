@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import runpy
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,20 +17,9 @@ _env = nodes["env"]
 
 @pytest.fixture(scope="module")
 def two_node_cluster():
-    temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
-    port = nodes["free_port"]()
-    address = f"127.0.0.1:{port}"
-    started = []
-    try:
-        started.append(nodes["start_node"](temp, "head", port=port, FI_PROVIDER="efa", NCCL_SOCKET_IFNAME="eth0"))
-        started.append(nodes["start_node"](temp, "worker", head_address=address, FI_PROVIDER="sockets",
-                                           NCCL_SOCKET_IFNAME="lo"))
-        nodes["wait_for_nodes"](address, 2)
+    with nodes["two_local_nodes"](head_env={"FI_PROVIDER": "efa", "NCCL_SOCKET_IFNAME": "eth0"},
+                                  worker_env={"FI_PROVIDER": "sockets", "NCCL_SOCKET_IFNAME": "lo"}) as address:
         yield address
-    finally:
-        for node in started:
-            node.kill()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.timeout(300)

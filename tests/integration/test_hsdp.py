@@ -13,7 +13,6 @@ import runpy
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,19 +25,8 @@ REL = 1e-4
 
 @pytest.fixture(scope="module")
 def two_raylets():
-    temp = tempfile.mkdtemp(prefix="tl", dir="/tmp")  # short: Ray's unix socket paths are limited
-    port = nodes["free_port"]()
-    address = f"127.0.0.1:{port}"
-    started = []
-    try:
-        started.append(nodes["start_node"](temp, "head", port=port, cpus=2))
-        started.append(nodes["start_node"](temp, "worker", head_address=address, cpus=2))
-        nodes["wait_for_nodes"](address, 2)
+    with nodes["two_local_nodes"](cpus=2) as address:
         yield address
-    finally:
-        for node in started:
-            node.kill()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def train(address: str, spec: dict, tmp_path: Path, *args: str) -> tuple[int, str, dict | None]:

@@ -118,10 +118,13 @@ def model_state_bytes(m: ModelShape, w: Workload) -> float:
     return items["parameters"] + items["gradients"] + items["optimizer"]
 
 
+CHECKPOINT_BYTES_PER_PARAMETER = 12  # a trainable weight in fp32 and its two fp32 AdamW moments
+
+
 def checkpoint_bytes(m: ModelShape, lora_params: int = 0) -> float:
     """One checkpoint of the whole run: every trainable weight in fp32 and its two AdamW moments (a LoRA run does
     not save its frozen base)."""
-    return 12.0 * (lora_params or m.params)
+    return float(CHECKPOINT_BYTES_PER_PARAMETER * (lora_params or m.params))
 
 
 def default_runtime_bytes(w: Workload, allocated: float) -> float:

@@ -134,10 +134,10 @@ def prepare(spec: JobSpec, started_at: float) -> Prepared:
     workers' environment (NCCL's log file on GPUs, for the transport check), and no stale Ray checkpoint list."""
     import ray
 
-    preflight.check_model_readable_by_workers(spec, {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]},
-                                              ray.util.get_node_ip_address())
+    node_ips, driver_ip = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}, ray.util.get_node_ip_address()
+    preflight.check_model_readable_by_workers(spec, node_ips, driver_ip)
     prepare_model(spec)
-    if {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} <= {ray.util.get_node_ip_address()}:
+    if node_ips <= {driver_ip}:
         preflight.check_staging_space(spec)  # every worker stages its checkpoints on this machine
     data_cache = prepare_data(spec)
     scaling, use_gpu = scaling_for(spec)

@@ -148,11 +148,12 @@ def download_s3(uri: str, out: Path, weights: bool) -> list[str]:
     for name in wanted:
         _copy(fs, f"{prefix}/{name}", out / name, listed[name])
     if weights:
-        missing = [name for name in weight_files(out) if name not in listed]
+        files = weight_files(out)
+        missing = [name for name in files if name not in listed]
         if missing:
             raise UsageError(f"model.path: {uri} lacks {', '.join(missing)}",
                              hint="upload every file that model.safetensors.index.json names")
-        for name in weight_files(out):
+        for name in files:
             _copy(fs, f"{prefix}/{name}", out / name, listed[name])
             wanted.append(name)
     return wanted

@@ -47,16 +47,6 @@ def config_of(model_path: str) -> PretrainedConfig:
     return AutoConfig.from_pretrained(model_path)
 
 
-def local_model_dir(model_path: str) -> Path:
-    """A directory holding the model's safetensors files: the path itself, or the hub download of it."""
-    path = Path(model_path)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"]))
-
-
 def materialize_shards(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """Give the (sharded) meta model real, uninitialised storage on `device`, and rebuild the buffers that are not
     saved with the weights (`rebuild_unsaved_buffers`)."""

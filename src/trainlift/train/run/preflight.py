@@ -214,6 +214,7 @@ def check_staging_space(spec: JobSpec, free_bytes: int | None = None) -> None:
     The model's size comes from its safetensors headers; a LoRA checkpoint holds only its adapters."""
     import shutil
 
+    from trainlift.estimate.memory import CHECKPOINT_BYTES_PER_PARAMETER
     from trainlift.train.model.fetch import STAGING_ENV, staging_root
 
     if not spec.checkpoint.every_steps or spec.model.lora is not None:
@@ -228,9 +229,6 @@ def check_staging_space(spec: JobSpec, free_bytes: int | None = None) -> None:
         raise UsageError(f"checkpoint staging: two checkpoints of this model take {need / 2**30:.1f} GiB, but {root} "
                          f"has {free / 2**30:.1f} GiB free",
                          hint=f"free space there, or point {STAGING_ENV} at a directory with room")
-
-
-CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 weight and two fp32 AdamW moments (estimate.memory.checkpoint_bytes)
 
 
 def stored_parameters(model_path: str | None) -> int | None:
