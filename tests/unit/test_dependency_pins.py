@@ -29,9 +29,16 @@ def test_ray_stops_below_the_next_untested_minor():
     assert not requirements()["ray"].specifier.contains(f"{tested.major}.{tested.minor + 1}.0")
 
 
-def test_transformers_floor_masks_packed_examples_apart():
-    """Packed rows rely on transformers masking attention by restarting position ids (masking_utils,
-    find_packed_sequence_indices), first released in 4.53.1; 4.53.0 and older let packed examples attend to
-    each other."""
-    spec = requirements()["transformers"].specifier
-    assert not spec.contains("4.53.0") and spec.contains("4.53.1")
+def test_every_floor_admits_what_the_cluster_image_carries():
+    """The code that runs on a node runs on the image's packages: no declared range may exclude them (transformers'
+    floor once said 4.53.1 while the code needs 5.x's loading modules; the image has 5.13)."""
+    from trainlift.catalog.packages import image_lock, normalize
+
+    lock = image_lock("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0")
+    checked = []
+    for name, req in requirements().items():
+        if (have := lock.packages.get(normalize(name))) is not None:
+            assert req.specifier.contains(have.split("+")[0], prereleases=True), (name, str(req.specifier), have)
+            checked.append(name)
+    assert {"ray", "torch", "transformers", "pydantic", "typer", "pyarrow"} <= set(checked)
+    assert not requirements()["transformers"].specifier.contains("4.57.0")

@@ -148,15 +148,17 @@ def submit(
     env_vars = jobs.parse_env(env, os.environ)
     overrides = list(set_)
     spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
+    lock = None
     if cluster is not None:
-        _check_cluster_serves(cluster, spec)
+        lock = _check_cluster_serves(cluster, spec)
         check_fits_cluster(spec, spec_file, cluster, force, json_out)
     address = jobs.resolve_address(address)
+    job_pip = _job_pip(spec, lock, address)
     if not spec.is_remote_storage and not localray.is_loopback(address):
         err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
                           "cluster needs s3://... or a shared volume for checkpoints")
     entry = jobs.entrypoint(spec_path.relative_to(plan.root).as_posix(), overrides)
-    runtime_env = jobs.runtime_env(plan.root, plan.excludes, list(pip), env_vars)
+    runtime_env = jobs.runtime_env(plan.root, plan.excludes, job_pip + list(pip), env_vars)
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
     # What Ray's SDK says while uploading and streaming goes to a log file, not the console.
     with ray_output.RunOutput(ray_output.home_log_path(f"submit-{spec.run.name}"), verbose):
@@ -192,9 +194,24 @@ def _run_uri(spec) -> str:
     return str((Path.cwd() / spec.run.storage).resolve() / spec.run.name)
 
 
-def _check_cluster_serves(cluster_file: Path, spec) -> None:
+def _job_pip(spec, lock, address: str) -> list[str]:
+    """What the job's runtime_env installs: the packages its spec needs that the cluster's image lacks (the --cluster
+    image's lock; on this machine's own Ray, this environment; on another cluster, all of them), pinned."""
+    from trainlift.catalog.packages import ImageLock, normalize, runtime_pip
+    from trainlift.ops import localray
+
+    if lock is None and localray.is_loopback(address):
+        from importlib import metadata
+
+        lock = ImageLock("this environment", {normalize(d.metadata["Name"]): d.version
+                                              for d in metadata.distributions()}, frozenset(), ())
+    return runtime_pip(spec, lock)
+
+
+def _check_cluster_serves(cluster_file: Path, spec):
     """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role,
-    or lack the MLflow credentials the job names."""
+    or lack the MLflow credentials the job names. Returns the locked package set of the cluster's image."""
+    from trainlift.catalog.packages import image_lock
     from trainlift.cli.cluster import load_cluster_spec
     from trainlift.render.job_secrets import mlflow_secret_problems
     from trainlift.render.problems import raise_problems
@@ -202,6 +219,7 @@ def _check_cluster_serves(cluster_file: Path, spec) -> None:
 
     cluster_spec = load_cluster_spec(cluster_file)
     raise_problems(s3_access_problems(cluster_spec, job_s3_uses(spec)) + mlflow_secret_problems(cluster_spec, spec))
+    return image_lock(cluster_spec.image.uri)
 
 
 @jobs_app.command("list")

@@ -15,7 +15,6 @@ from trainlift.cli.app import app, console, err_console, print_json
 from trainlift.config.cluster import ClusterSpec, cluster_spec_from_yaml
 from trainlift.config.job import load_job_spec
 from trainlift.errors import SpecError, UsageError
-from trainlift.render.raycluster import image_ref
 
 
 @app.command("profiles")
@@ -53,8 +52,10 @@ def _read(path: Path) -> str:
 
 def _job_inputs(job_path: Path, job, cluster: ClusterSpec, shutdown: bool, working_dir: str | None,
                 trainlift_uri: str | None):
+    from trainlift.catalog.packages import image_lock, runtime_pip
     from trainlift.render import JobInputs
 
+    pip = runtime_pip(job, image_lock(cluster.image.uri))
     overrides: tuple[str, ...] = ()
     if "://" not in job.run.storage:
         if cluster.storage is None:
@@ -77,6 +78,7 @@ def _job_inputs(job_path: Path, job, cluster: ClusterSpec, shutdown: bool, worki
         trainlift_uri=trainlift_uri,
         shutdown_after_finish=shutdown,
         overrides=overrides,
+        pip=tuple(pip),
         max_hours=job.run.max_hours,
     )
 
@@ -85,6 +87,8 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     """The spec with its image pinned by digest where its registry can be asked; otherwise a warning that names
     the image the pods run instead (the catalog's release tag for a floating DLC tag)."""
     from trainlift.cloud import aws
+
+    from trainlift.render.raycluster import image_ref
 
     target = image_ref(cluster)
     if "@" in target:
@@ -130,7 +134,7 @@ def render(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
-    from trainlift.render import render_cluster
+    from trainlift.render import image_ref, render_cluster
 
     if out is None and not check:
         raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")

@@ -210,6 +210,24 @@ class RunSection(_Section):
         return self
 
 
+class RuntimeSection(_Section):
+    pip: list[str] = Field(
+        [], description="Extra pip requirements for the job's nodes (e.g. [liger-kernel==0.6.4]); on a cluster they "
+        "travel in the job's runtime_env with the packages the spec's features need beyond the image.")
+
+    @field_validator("pip")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for line in value:
+            try:
+                Requirement(line)
+            except InvalidRequirement:
+                raise ValueError(f"'{line}' is not a pip requirement (a name, optionally ==version)") from None
+        return value
+
+
 class JobSpec(_Section):
     model: ModelSection
     data: DataSection
@@ -219,6 +237,7 @@ class JobSpec(_Section):
     checkpoint: CheckpointSection = CheckpointSection()
     export: ExportSection = ExportSection()
     run: RunSection = RunSection()
+    runtime: RuntimeSection = RuntimeSection()
 
     @property
     def is_remote_storage(self) -> bool:

@@ -20,7 +20,7 @@ from trainlift.render.eksctl import Reservations, block_active, render_eksctl
 from trainlift.render.helm import helm_install_args, render_helm_releases
 from trainlift.render.problems import raise_problems
 from trainlift.render.queues import placement_annotations, queue_labels, queue_object_path, queue_objects
-from trainlift.render.raycluster import MANAGED_BY, render_raycluster
+from trainlift.render.raycluster import MANAGED_BY, image_ref, render_raycluster  # noqa: F401  (image_ref: for the CLI)
 from trainlift.render.rayjob import JobInputs, render_rayjob
 from trainlift.render.rules import cluster_problems, reservation_problems
 from trainlift.render.s3_access import S3Use, runtime_env_s3_uses, s3_access_problems

@@ -29,7 +29,8 @@ class JobInputs:
     """name: the run's name; spec_path: the job spec's path inside the working dir;
     workers: Ray Train workers (None: one per GPU); overrides: `--set` values for `trainlift train`;
     working_dir: remote URI of the zipped project; trainlift_uri: remote URI of a zip holding the
-    trainlift package folder (the image has no trainlift). backoff_limit: new RayClusters KubeRay starts after a
+    trainlift package folder (the image has no trainlift); pip: requirements the image lacks, installed by the
+    runtime_env on every node (catalog.packages.runtime_pip). backoff_limit: new RayClusters KubeRay starts after a
     failed attempt (each retry resumes from the latest complete checkpoint); max_hours: the job's deadline."""
 
     name: str
@@ -39,6 +40,7 @@ class JobInputs:
     trainlift_uri: str | None = None
     shutdown_after_finish: bool = False
     overrides: tuple[str, ...] = ()
+    pip: tuple[str, ...] = ()
     ttl_seconds_after_finished: int = 300
     submitter_backoff_limit: int = 2
     backoff_limit: int = 2
@@ -109,7 +111,7 @@ def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
     if problems:
         raise SpecError("; ".join(problems))
     own_cluster = job.shutdown_after_finish or owns_suspend(cluster)
-    runtime_env = job_runtime_env(job.working_dir, [job.trainlift_uri] if job.trainlift_uri else [])
+    runtime_env = job_runtime_env(job.working_dir, [job.trainlift_uri] if job.trainlift_uri else [], pip=job.pip)
     spec: dict[str, Any] = {"entrypoint": job_entrypoint(job.spec_path, job.overrides)}
     spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True, default_flow_style=False)
     spec["submissionMode"] = "K8sJobMode"

@@ -14,7 +14,6 @@ from importlib import resources
 from typing import Any, Iterable
 
 import jsonschema
-import kubernetes_validate
 import yaml
 
 EKSCTL_SCHEMA = "eksctl-v0.230.0-clusterconfig.schema.json"
@@ -126,6 +125,8 @@ def crd_problems(obj: dict[str, Any]) -> list[str]:
 
 def _schema_version(kubernetes_version: str) -> str:
     """The newest schema kubernetes-validate ships that is not newer than the cluster's version."""
+    import kubernetes_validate  # the user's side only: a node (the image) has no kubernetes-validate
+
     def key(v: str) -> tuple[int, ...]:
         return tuple(int(x) for x in v.split(".")[:2])
 
@@ -136,6 +137,8 @@ def _schema_version(kubernetes_version: str) -> str:
 
 def core_problems(obj: dict[str, Any], kubernetes_version: str) -> list[str]:
     """A core Kubernetes object, strictly (unknown fields are errors), against the cluster's version."""
+    import kubernetes_validate
+
     version = _schema_version(kubernetes_version)
     try:
         kubernetes_validate.validate(obj, version, strict=True)
