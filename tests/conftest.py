@@ -11,6 +11,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray Train's controller polls workers every 2 s by default: each boundary report() and each failure waits for
 # that poll. Polling faster changes no outcome, only how long the suite waits (it reaches subprocesses too).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The rehearsal's mirror of the cluster image's packages: built once (about a minute) and kept beside the venv, so
+# every test that rehearses, in this session and the next, finds it built.
+os.environ.setdefault("TRAINLIFT_IMAGE_ENVS", os.path.join(REPO, ".venv", "image-envs"))
+DLC = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0"
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +31,19 @@ def ray_local():
     ray.shutdown()
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = {
     "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True,
 }
+
+
+@pytest.fixture(scope="session")
+def image_env():
+    """The virtualenv mirroring the DLC's locked packages (CPU builds), as `trainlift rehearse` builds it."""
+    from trainlift.catalog.packages import image_lock
+    from trainlift.ops import image_env as image_envs
+
+    return image_envs.ensure(image_lock(DLC))
 
 
 @pytest.fixture(scope="session")

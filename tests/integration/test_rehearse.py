@@ -1,12 +1,15 @@
 """`trainlift rehearse` on the reference cluster's render: a real local Ray head and two raylets shaped like its
-RayCluster, the RayJob submitted through a real dashboard's Jobs API, code, trainlift and checkpoints on a real
-S3-compatible server (moto, over HTTP). What only EKS can show (EFA, GPUs, the image itself) is not tested here."""
+RayCluster, run from a virtualenv of the DLC's locked packages (its Ray 2.58, transformers 5.13, no trainlift, no
+peft), the RayJob submitted through a real dashboard's Jobs API, code, trainlift and checkpoints on a real
+S3-compatible server (moto, over HTTP). What only EKS can show (EFA, GPUs, the image's CUDA builds) is not tested
+here."""
 
 from __future__ import annotations
 
 import json
 import os
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +39,7 @@ def zip_dir(source: Path, target: Path, inside: str = "") -> None:
 
 
 @pytest.fixture
-def project(monkeypatch, tmp_path, tiny_assets):
+def project(monkeypatch, tmp_path, tiny_assets, image_env):
     """A project (tiny model, data, job spec) zipped to S3 with trainlift's wheel, as README's EKS section says."""
     h.use(monkeypatch, tmp_path)
     s3 = boto3.client("s3", region_name="us-east-2")
@@ -55,28 +58,59 @@ def project(monkeypatch, tmp_path, tiny_assets):
     return root, s3, json.loads(packaged.stdout)["uri"]
 
 
-def render(root: Path, out: Path, trainlift_uri: str) -> None:
-    rendered = cli("render", str(REPO / "examples" / "cluster-reference.yaml"), "--job", "job.yaml", "--working-dir",
+def render(root: Path, out: Path, trainlift_uri: str, job: str = "job.yaml") -> None:
+    rendered = cli("render", str(REPO / "examples" / "cluster-reference.yaml"), "--job", job, "--working-dir",
                    f"s3://{BUCKET}/code/job.zip", "--trainlift-uri", trainlift_uri, "-o", str(out), cwd=root)
     assert rendered.returncode == 0, rendered.stderr
 
 
-def test_the_rendered_job_runs_with_its_code_trainlift_and_checkpoints_on_s3(project, tmp_path):
-    root, s3, wheel_uri = project
-    render(root, tmp_path / "out", wheel_uri)
-    result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
+def readme_rehearsal() -> list[str]:
+    """The `trainlift rehearse` command of README's reference rehearsal, as a user would paste it."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Rehearse before you pay"):text.index("### The cluster spec")]
+    lines = section.replace("\\\n", " ").splitlines()
+    return shlex.split(next(line for line in lines if line.startswith("trainlift rehearse ")))
+
+
+def test_the_reference_job_rehearses_as_the_readme_shows(monkeypatch, tmp_path, image_env):
+    """examples/qwen2.5-1.5b-eks.yaml on examples/cluster-reference.yaml (GPUs, bf16, 8 CPUs a worker), rehearsed
+    with README's command in the image's environment: no `--set` beyond the model's size and the steps."""
+    h.use(monkeypatch, tmp_path)
+    s3 = boto3.client("s3", region_name="us-east-2")
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+    examples = REPO / "examples"
+    with zipfile.ZipFile(tmp_path / "job.zip", "w") as z:
+        for path in [examples / "qwen2.5-1.5b-eks.yaml", *sorted((examples / "data").iterdir()),
+                     *sorted((examples / "tiny").rglob("*")), *sorted((examples / "model-configs").iterdir())]:
+            if path.is_file():
+                z.write(path, path.relative_to(examples).as_posix())
+    s3.upload_file(str(tmp_path / "job.zip"), BUCKET, "code/job.zip")
+    packaged = cli("package", "-o", str(tmp_path / "dist"), "--upload", f"s3://{BUCKET}/code/", "--json", cwd=examples)
+    assert packaged.returncode == 0, packaged.stderr
+    rendered = cli("render", "cluster-reference.yaml", "--job", "qwen2.5-1.5b-eks.yaml", "--working-dir",
+                   f"s3://{BUCKET}/code/job.zip", "--trainlift-uri", json.loads(packaged.stdout)["uri"], "-o",
+                   str(tmp_path / "out"), cwd=examples)
+    assert rendered.returncode == 0, rendered.stderr
+
+    command = readme_rehearsal()
+    assert command[:3] == ["trainlift", "rehearse", "../out/"]
+    result = cli("rehearse", str(tmp_path / "out"), *command[3:], "--json", cwd=examples)
     assert result.stdout, result.stderr[-3000:]
     outcome = json.loads(result.stdout)
     assert result.returncode == 0 and outcome["ok"] and outcome["status"] == "SUCCEEDED", "\n".join(
         f"{c['state']}: {c['evidence']}" for c in outcome["checks"])
     assert len(outcome["checks"]) == 4 and "EFA and the NCCL transport" in outcome["not_proven"]
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ray-train/rehearsed/")["Contents"]}
-    assert "ray-train/rehearsed/summary.json" in keys and any("/checkpoint_00000004/" in k for k in keys)
+    assert {"scaling.workers=2", "scaling.device=cpu", "scaling.cpus_per_worker=1"} <= set(outcome["rehearsed_as"])
+    where = outcome["environment"]
+    assert where["image"] and where["image_python"] == "3.13.12" and "deepspeed" in where["left_out"]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ray-train/qwen2.5-1.5b-tasks/")["Contents"]}
+    assert "ray-train/qwen2.5-1.5b-tasks/summary.json" in keys and any("/checkpoint_00000004/" in k for k in keys)
+    assert "ray-train/qwen2.5-1.5b-tasks/final/config.json" in keys
 
 
 def test_a_trainlift_zip_of_the_old_layout_fails_and_says_why(project, tmp_path):
     """`cd src && zip -r trainlift.zip trainlift` (the layout README once gave): Ray unpacks the folder's contents,
-    so the image could not import trainlift. This machine can (its own install): the rehearsal names that."""
+    so the image cannot import trainlift; nor can the image's environment here."""
     root, s3, _ = project
     zip_dir(REPO / "src" / "trainlift", tmp_path / "trainlift.zip", inside="trainlift/")
     s3.upload_file(str(tmp_path / "trainlift.zip"), BUCKET, "code/trainlift.zip")
@@ -85,7 +119,31 @@ def test_a_trainlift_zip_of_the_old_layout_fails_and_says_why(project, tmp_path)
     outcome = json.loads(result.stdout)
     assert result.returncode == 1 and outcome["status"] == "FAILED"
     failed = [c for c in outcome["checks"] if c["state"] == "failed"]
-    assert "not from py_modules" in failed[0]["evidence"] and "trainlift package" in failed[0]["evidence"]
+    assert "cannot import trainlift" in failed[0]["evidence"] and "trainlift package" in failed[0]["evidence"]
+
+
+def test_a_package_the_job_imports_that_the_image_lacks_fails_the_rehearsal_in_one_line(project, tmp_path):
+    """A LoRA job whose RayJob does not bring peft (its runtime_env `pip` removed, as a render before the fix
+    wrote it): the image has no peft, nor has its environment here, so the job stops where it would on EKS."""
+    root, s3, wheel_uri = project
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec["model"]["lora"] = {"r": 4}
+    (root / "lora.yaml").write_text(yaml.safe_dump(spec))
+    zip_dir(root, tmp_path / "job.zip")
+    s3.upload_file(str(tmp_path / "job.zip"), BUCKET, "code/job.zip")
+    render(root, tmp_path / "out", wheel_uri, job="lora.yaml")
+    rayjob = tmp_path / "out" / "k8s" / "30-rayjob.yaml"
+    body = yaml.safe_load(rayjob.read_text())
+    env = yaml.safe_load(body["spec"]["runtimeEnvYAML"])
+    assert env.pop("pip") == ["peft==0.21.2"]  # what render adds for model.lora
+    body["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
+    rayjob.write_text(yaml.safe_dump(body))
+    result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 1 and outcome["status"] == "FAILED"
+    failed = [c for c in outcome["checks"] if c["state"] == "failed"]
+    assert "model.lora needs the peft package" in failed[-1]["evidence"]
+    assert "\n" not in failed[-1]["evidence"]
 
 
 def test_a_render_whose_uris_the_role_does_not_cover_fails_before_anything_starts(project, tmp_path):

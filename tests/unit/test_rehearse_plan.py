@@ -4,9 +4,14 @@ starts anything. Pure."""
 from dataclasses import replace
 from pathlib import Path
 
-from trainlift.ops.rehearse import job_entrypoint, rehearsal_of, role_problems, trainlift_origin_problem
+from trainlift.config.job import load_job_spec
+from trainlift.ops.rehearse import (
+    ON_CPU_SLOTS, Outcome, job_entrypoint, judge, rehearsal_of, rehearsed_as, role_problems,
+    trainlift_origin_problem,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "reference"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_the_rendered_pods_become_a_head_and_one_raylet_per_worker_pod_with_gpus_as_cpu_slots():
@@ -31,12 +36,39 @@ def test_the_role_check_reads_the_rendered_policy():
     assert role_problems(replace(moved, s3_grants=())) == []  # an existing role_arn: its policy is not rendered
 
 
-def test_the_entrypoint_is_the_rayjobs_with_the_probe_first_and_the_overrides_last():
+def test_the_entrypoint_is_the_rayjobs_with_the_probe_first_then_the_cpu_slots_then_the_users_overrides():
     plan = rehearsal_of(GOLDEN)
-    entry = job_entrypoint(plan, ["model.path=s3://b/tiny"], workers=2)
+    entry = job_entrypoint(plan, ["model.path=s3://b/tiny", "scaling.cpus_per_worker=2"], workers=2)
     probe, rest = entry.split(" && ", 1)
     assert probe.startswith("python -c") and rest.startswith(plan.entrypoint)
-    assert rest.endswith("--set scaling.workers=2 --set model.path=s3://b/tiny")
+    assert rest.endswith("--set scaling.workers=2 --set scaling.device=cpu --set scaling.cpus_per_worker=1 "
+                         "--set scaling.expect_fabric=any --set model.attn_implementation=sdpa "
+                         "--set model.path=s3://b/tiny --set scaling.cpus_per_worker=2")  # the user's, last, win
+
+
+def test_a_gpu_job_is_rehearsed_as_a_cpu_job_and_says_so():
+    plan = rehearsal_of(GOLDEN)  # 4 GPUs per worker pod, each a CPU slot
+    assert plan.rehearsed_as == ON_CPU_SLOTS
+    assert rehearsed_as(plan, 2) == ("scaling.workers=2", "scaling.device=cpu", "scaling.cpus_per_worker=1",
+                                     "scaling.expect_fabric=any", "model.attn_implementation=sdpa")
+    # What the overrides set must be what the job spec accepts.
+    spec = load_job_spec(EXAMPLES / "qwen2.5-1.5b-eks.yaml", list(rehearsed_as(plan, 2)))
+    assert (spec.scaling.device, spec.scaling.cpus_per_worker, spec.scaling.workers) == ("cpu", 1, 2)
+    assert spec.model.attn_implementation == "sdpa" and spec.scaling.expect_fabric == "any"
+    outcome = Outcome("SUCCEEDED", "", "", [], rehearsed_as(plan, 2))
+    assert outcome.to_dict()["rehearsed_as"][:2] == ["scaling.workers=2", "scaling.device=cpu"]
+    assert job_entrypoint(replace(plan, rehearsed_as=()), [], 2).endswith("--set scaling.workers=2")
+
+
+def test_a_failure_is_evidenced_by_a_short_tail_never_a_whole_traceback():
+    traceback = "Traceback (most recent call last):\n" + "".join(
+        f'  File "/x/y{i}.py", line {i}, in f\n    call_{i}(' + "a" * 120 + ")\n" for i in range(70))
+    message = ("Failed to set up runtime environment.\n" + traceback
+               + "botocore.exceptions.NoCredentialsError: Unable to locate credentials\n")
+    checks = judge(rehearsal_of(GOLDEN), "FAILED", "", message)
+    evidence = [e for _, state, e in checks if state == "failed"]
+    assert evidence and all(len(e) <= 400 and "\n" not in e for e in evidence)
+    assert evidence[0].endswith("NoCredentialsError: Unable to locate credentials")
 
 
 def test_trainlift_from_anywhere_but_py_modules_is_named():

@@ -116,3 +116,27 @@ def runtime_pip(spec: Any, lock: ImageLock | None) -> list[str]:
         if name not in {requirement_name(p) for p in pip}:
             pip.append(line)
     return pip
+
+
+# Lock lines a CPU rehearsal environment leaves out, and why. The other `# gpu` lines are CUDA libraries; torch
+# comes as the CPU build of the same release.
+CPU_LEFT_OUT = {
+    "deepspeed": "builds its extensions against a CUDA torch; trainlift does not import it",
+    "torchvision": "PyPI's CUDA build does not load beside torch's CPU build; trainlift does not import it",
+}
+
+
+def cpu_requirements(lock: ImageLock) -> tuple[list[str], dict[str, str]]:
+    """(name==version lines a CPU environment mirroring the image installs, left-out name -> why). torch first: the
+    rest must find it already there rather than pull a CUDA build in."""
+    keep, left_out = [f"torch=={lock.packages['torch'].split('+')[0]}"], {}
+    for name, version in sorted(lock.packages.items()):
+        if name == "torch":
+            continue
+        if name in CPU_LEFT_OUT:
+            left_out[name] = CPU_LEFT_OUT[name]
+        elif name in lock.gpu:
+            left_out[name] = "a CUDA library"
+        else:
+            keep.append(f"{name}=={version}")
+    return keep, left_out

@@ -41,11 +41,13 @@ def print_json(data: Any) -> None:
 
 def main() -> None:
     """Console-script entry point: user errors become one line and an exit code."""
-    from typer.exceptions import TyperException
+    # Typer's vendored click: a usage error's class in every release from the image's (0.26) on; 0.29 added
+    # `typer.exceptions.TyperException` above it, which the image's typer does not have.
+    from typer._click.exceptions import ClickException
 
     try:
         code = app(prog_name="trainlift", standalone_mode=False)
-    except TyperException as exc:  # a mistyped flag, value or argument: one line like every other mistake
+    except ClickException as exc:  # a mistyped flag, value or argument: one line like every other mistake
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help
             exc.show()
             sys.exit(exc.exit_code)

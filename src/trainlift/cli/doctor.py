@@ -6,7 +6,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.table import Table
@@ -15,6 +15,10 @@ from rich.text import Text
 from trainlift.cli.app import app, console, print_json
 from trainlift.doctor.rules import Finding, has_errors, sort_findings
 from trainlift.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainlift.doctor.packages import JobPackages
+    from trainlift.doctor.probe import Facts
 
 doctor_app = typer.Typer(
     rich_markup_mode=None,  # plain help: flags without a type, values by their metavar
@@ -50,33 +54,67 @@ def doctor(
         None, "--mlflow-uri", envvar="MLFLOW_TRACKING_URI", show_envvar=False,
         help="Also check that this MLflow server (default: MLFLOW_TRACKING_URI) answers with the credentials the "
         "environment holds (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD), on every node with --address."),
+    job: Optional[Path] = typer.Option(
+        None, "--job", metavar="SPEC", help="Also check the Python packages this job spec imports beyond trainlift's "
+        "core (peft for model.lora, tensorboard / mlflow-skinny for run.trackers, each runtime.pip line), on every "
+        "node with --address. A missing one is a warning here, before the job (render and submit put what the image "
+        "lacks in the job's runtime_env), and an error inside the job."),
     as_json: bool = typer.Option(False, "--json", help="Print every fact and finding as JSON."),
 ) -> None:
     """Check this machine's stack, or every node's with --address (then run `doctor nccl-log` / `doctor fabric`)."""
     if ctx.invoked_subcommand is not None:
         return
-    env_vars = _mlflow_env(mlflow_uri)
+    env_vars = {**_mlflow_env(mlflow_uri), **_job_env(job)}
     os.environ.update(env_vars)
     if address:
         _doctor_cluster(address, expect_fabric.value, as_json, env_vars)
         return
+    from trainlift.doctor.packages import job_package_findings
     from trainlift.doctor.probe import probe
     from trainlift.doctor.rules import stack_rules
 
     facts = probe()
-    findings = sort_findings(stack_rules(facts, expect_fabric.value))
+    findings = sort_findings(stack_rules(facts, expect_fabric.value) + job_package_findings(facts, _wanted_packages()))
     if as_json:
         print_json({"facts": facts.to_dict(), "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings)})
     else:
-        table = Table(title=f"facts: {facts.hostname}", show_header=False)
-        for key in _FACT_ROWS:
-            value = getattr(facts, key)
-            table.add_row(key, "unlimited" if key == "memlock_bytes" and value is None else _cell(value))
-        for key, value in facts.env.items():
-            table.add_row(f"env.{key}", value)
-        console.print(table)
+        console.print(_facts_table(facts))
         _print_findings(findings)
     _exit(findings)
+
+
+def _facts_table(facts: Facts) -> Table:
+    from trainlift.doctor.packages import packages_line
+
+    table = Table(title=f"facts: {facts.hostname}", show_header=False)
+    for key in _FACT_ROWS:
+        value = getattr(facts, key)
+        table.add_row(key, "unlimited" if key == "memlock_bytes" and value is None else _cell(value))
+    if facts.job_packages:
+        table.add_row("job_packages", packages_line(facts.job_packages))
+    for key, value in facts.env.items():
+        table.add_row(f"env.{key}", value)
+    return table
+
+
+def _job_env(spec_path: Path | None) -> dict[str, str]:
+    """What the probe needs in every node's environment to look for the job's packages (doctor.packages)."""
+    if spec_path is None:
+        return {}
+    from trainlift.config.job import load_job_spec
+    from trainlift.doctor.packages import job_packages
+
+    return job_packages(load_job_spec(spec_path)).env()
+
+
+def _wanted_packages() -> JobPackages:
+    """The packages this process's environment names: by --job, or by the job that runs doctor inside it."""
+    from trainlift.doctor.packages import ENV_VAR, from_env
+
+    try:
+        return from_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint=f"unset {ENV_VAR}, or pass --job SPEC") from None
 
 
 def _mlflow_env(uri: str | None) -> dict[str, str]:
@@ -113,6 +151,7 @@ def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[
     import ray
 
     from trainlift.doctor.nodes import connect, probe_nodes
+    from trainlift.doctor.packages import job_package_findings
     from trainlift.doctor.rules import differences, judge_nodes
 
     # `auto`: on a node, inside a job that brought trainlift and its environment
@@ -123,6 +162,8 @@ def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[
         ray.shutdown()
     findings: list[Finding] = [Finding("node_probe", "error", f"probe failed on {n.name}: {n.error}", node=n.name)
                                for n in nodes if n.facts is None]
+    wanted = _wanted_packages()
+    findings += [x for n in nodes if n.facts for x in job_package_findings(n.facts, wanted, n.name)]
     findings = sort_findings(findings + judge_nodes([(n.name, n.facts, n.is_head) for n in nodes if n.facts], expect))
     return {"address": address, "nodes": [n.to_dict() for n in nodes],
             "differences": differences([(n.name, n.facts) for n in nodes if n.facts is not None]),
@@ -130,6 +171,7 @@ def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[
 
 
 def _print_nodes(report: dict[str, Any]) -> None:
+    from trainlift.doctor.packages import packages_line
     from trainlift.doctor.probe import Facts
     from trainlift.doctor.rules import comparable
 
@@ -143,6 +185,8 @@ def _print_nodes(report: dict[str, Any]) -> None:
         row = [_cell(v.get(key)) for v in values]
         style = "bold red" if key in report["differences"] else None
         table.add_row(key, *[f"[{style}]{c}[/]" if style and i else c for i, c in enumerate(row)])
+    if any(f.job_packages for _, f in probed):
+        table.add_row("job_packages", *[packages_line(f.job_packages) or "-" for _, f in probed])
     console.print(table)
 
 

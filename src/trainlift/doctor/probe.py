@@ -8,6 +8,7 @@ tools run through `trainlift.ops.run`. A missing tool or file becomes a fact
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import platform
 import re
@@ -69,6 +70,7 @@ class Facts:
     shm_bytes: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     mlflow: dict[str, Any] | None = None  # doctor.mlflow_probe.mlflow_access
+    job_packages: dict[str, str | None] = field(default_factory=dict)  # doctor.packages: name -> version, None: missing
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,14 +99,40 @@ def probe() -> Facts:
         k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k == "LD_LIBRARY_PATH"
     }
     facts.mlflow = mlflow_access(os.environ)
+    _job_package_facts(facts)
     return facts
 
 
 def _dist_version(name: str) -> str | None:
     try:
         return metadata.version(name)
-    except metadata.PackageNotFoundError:
+    except (metadata.PackageNotFoundError, ValueError):  # ValueError: not a distribution name at all
         return None
+
+
+def _job_package_facts(facts: Facts) -> None:
+    """The installed release of each package TRAINLIFT_JOB_PACKAGES names (`doctor --job`)."""
+    from trainlift.doctor.packages import from_env  # imported here: doctor.packages imports Facts from this module
+
+    try:
+        wanted = from_env(os.environ).packages
+    except ValueError as exc:
+        facts.notes.append(str(exc))
+        return
+    facts.job_packages = {p.name: installed_version(p.name, p.module) for p in wanted}
+
+
+def installed_version(dist: str, module: str | None = None) -> str | None:
+    """The installed release of distribution `dist`; None when it is missing, or when its `module` is not found
+    (metadata left behind by a removed package, or a distribution hidden from this interpreter)."""
+    version = _dist_version(dist)
+    if version is None or module is None:
+        return version
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except Exception:  # a dotted name imports its parent package, which may fail in any way
+        found = False
+    return version if found else None
 
 
 def _read(path: str) -> str | None:

@@ -112,17 +112,17 @@ def status() -> dict[str, Any]:
     return {"running": True, "dashboard_reachable": dashboard_up(state["dashboard_url"]), **state}
 
 
-def ray_start_on_loopback(*flags: str) -> list[str]:
-    """`ray start --block` of this interpreter's Ray, on loopback, with `flags`."""
+def ray_start_on_loopback(*flags: str, bin_dir: Path | None = None) -> list[str]:
+    """`ray start --block` of this interpreter's Ray (or the one in `bin_dir`), on loopback, with `flags`."""
     # Ray's fixed default ports for these collide with any other Ray instance on the machine.
     ports = [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
-    return [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--node-ip-address={LOOPBACK}",
-            *ports, *flags]
+    ray = (bin_dir or Path(sys.executable).parent) / "ray"
+    return [str(ray), "start", "--block", f"--node-ip-address={LOOPBACK}", *ports, *flags]
 
 
-def path_with_this_python() -> str:
-    """PATH with this interpreter's directory first: a job's `python` then has trainlift's libraries."""
-    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+def path_with_this_python(bin_dir: Path | None = None) -> str:
+    """PATH with this interpreter's directory (or `bin_dir`) first: a job's `python` is then that one."""
+    return f"{bin_dir or Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> dict[str, Any]:

@@ -4,14 +4,19 @@ A local Ray head and one raylet per worker pod start with the rendered `rayStart
 slot) and the rendered container env; the RayJob's entrypoint and `runtimeEnvYAML` go through the Jobs API as
 its submitter pod sends them. `s3://` URIs are fetched from whatever S3 endpoint this environment names
 (`AWS_ENDPOINT_URL`), so working_dir, py_modules, data and checkpoints travel the way they will on EKS. What
-this machine cannot show (EFA, NCCL, GPU memory, the image's own Python and Ray, Kubernetes scheduling) is said.
+this machine cannot show (EFA, NCCL, GPU memory, the image's CUDA builds, Kubernetes scheduling) is said.
 
-The first part reads the manifests and judges them (pure); `run` starts the processes and submits.
+A GPU pod's job runs on its CPU slots: the rehearsal appends `ON_CPU_SLOTS` to the entrypoint's `trainlift train`
+(before the user's `--set`, which win). Every failure that can be known before Ray starts (no credentials, no S3
+endpoint, a runtime_env object or a bucket that is not there) is one `UsageError` from `s3_preflight`.
+
+The first part reads the manifests and judges them (pure); `run` checks S3, starts the processes and submits.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -30,9 +35,16 @@ ORIGIN_MARK = "trainlift-imported-from "
 RUNTIME_RESOURCES = "runtime_resources"
 ORIGIN_PROBE = ("python -c \"import sys, trainlift; print('" + ORIGIN_MARK + "' + trainlift.__file__, flush=True); "
                 "sys.exit('" + RUNTIME_RESOURCES + "' not in trainlift.__file__)\"")
-NOT_PROVEN = ("EFA and the NCCL transport", "GPU memory and speed", "the image's own Python, torch and Ray",
-              "Kubernetes scheduling (node selectors, taints, hugepages, device plugins)",
-              "IRSA credentials (this environment's are used)")
+NOT_PROVEN = ("EFA and the NCCL transport", "GPU memory and speed",
+              "the image's CUDA builds (torch, NCCL, flash-attn) and its Python 3.13 where another one runs here",
+              "Kubernetes scheduling and Kueue admission (node selectors, taints, hugepages, device plugins, quotas)",
+              "IAM enforcement (this environment's credentials are used; the pods' role policy is only read)")
+# What a GPU job asks of a worker that a CPU slot cannot give, and what the rehearsal asks instead. The job spec
+# lies inside the working_dir zip on S3, so these go in whatever it says (each is what `auto` means on a CPU).
+# model.dtype stays: bf16 compute runs on CPU (FSDP2 over gloo), slower but the same code path.
+ON_CPU_SLOTS = ("scaling.device=cpu", "scaling.cpus_per_worker=1", "scaling.expect_fabric=any",
+                "model.attn_implementation=sdpa")
+EVIDENCE_LINES, EVIDENCE_CHARS = 3, 400  # a check's evidence: the end of a log, never a whole traceback
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class Rehearsal:
     runtime_env: dict[str, Any]
     s3_uses: tuple[tuple[str, str, bool], ...]  # (what, uri, written)
     s3_grants: tuple[tuple[str, str], ...] = field(default=())  # (action, resource pattern) of the pods' role
+    rehearsed_as: tuple[str, ...] = ()  # `--set` overrides the job gets because its GPUs are CPU slots here
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -93,13 +106,15 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
     eksctl = yaml.safe_load((out_dir / "eksctl.yaml").read_text()) if (out_dir / "eksctl.yaml").is_file() else {}
     head = _pod_group("head", 1, cluster["headGroupSpec"])
     workers = tuple(_pod_group(g["groupName"], int(g.get("replicas", 1)), g) for g in cluster["workerGroupSpecs"])
+    gpu_pods = any(str(g.get("rayStartParams", {}).get("num-gpus", "0")) != "0" for g in cluster["workerGroupSpecs"])
     runtime_env = yaml.safe_load(job.get("runtimeEnvYAML") or "{}") or {}
     uses = [("runtime_env.working_dir", runtime_env.get("working_dir", ""), False)]
     uses += [("runtime_env.py_modules", m, False) for m in runtime_env.get("py_modules", [])]
     if storage := re.search(r"--set[ =]run\.storage=(\S+)", job["entrypoint"]):
         uses.append(("run.storage", storage.group(1), True))
     return Rehearsal(head, workers, job["entrypoint"], runtime_env,
-                     tuple(u for u in uses if str(u[1]).startswith("s3://")), _grants(eksctl))
+                     tuple(u for u in uses if str(u[1]).startswith("s3://")), _grants(eksctl),
+                     ON_CPU_SLOTS if gpu_pods else ())
 
 
 def role_problems(rehearsal: Rehearsal) -> list[str]:
@@ -119,11 +134,22 @@ def role_problems(rehearsal: Rehearsal) -> list[str]:
     return problems
 
 
+def rehearsed_as(rehearsal: Rehearsal, workers: int) -> tuple[str, ...]:
+    """What the rehearsal sets on the job before the user's overrides: one worker per worker pod, on CPU slots."""
+    return (f"scaling.workers={workers}", *rehearsal.rehearsed_as)
+
+
 def job_entrypoint(rehearsal: Rehearsal, overrides: list[str], workers: int) -> str:
     """The RayJob's entrypoint, after a line saying where trainlift is imported from, with the rehearsal's
-    overrides (toy size, one worker per worker pod) appended to its `trainlift train`."""
-    extra = [f"scaling.workers={workers}", *overrides]
+    overrides (one worker per worker pod, on CPU slots) and then the user's (toy size; they win) appended to its
+    `trainlift train`."""
+    extra = [*rehearsed_as(rehearsal, workers), *overrides]
     return f"{ORIGIN_PROBE} && {rehearsal.entrypoint} " + " ".join(f"--set {shlex.quote(o)}" for o in extra)
+
+
+NOT_IMPORTABLE = ("the job's python cannot import trainlift (No module named 'trainlift'): py_modules must hold "
+                  "trainlift's wheel, as `trainlift package --upload s3://...` makes it; a zip of the source folder "
+                  "is unpacked without its top folder")
 
 
 def imported_from(logs: str) -> list[str]:
@@ -144,6 +170,93 @@ def trainlift_origin_problem(logs: str) -> str | None:
     return None
 
 
+# --- S3, before anything starts -------------------------------------------------------------------------------
+
+NO_CREDENTIALS_HINT = ("set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or AWS_ENDPOINT_URL for an "
+                       "S3-compatible server such as moto_server (with any keys)")
+MISSING_CODES = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
+DENIED_CODES = {"403", "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+
+
+def s3_preflight(rehearsal: Rehearsal) -> None:
+    """Read what the pods will read, as Ray on them would, before any Ray process starts: with this environment's
+    credentials and endpoint (`AWS_ENDPOINT_URL`), every bucket of the RayJob's s3:// URIs exists and each
+    runtime_env object (working_dir, py_modules) is there. The first failure is one UsageError naming the URI and
+    the fix; a job without s3:// URIs makes no call."""
+    if not rehearsal.s3_uses:
+        return
+    s3, endpoint = _s3_client(rehearsal.s3_uses[0][1])
+    buckets: set[str] = set()
+    for what, uri, written in rehearsal.s3_uses:
+        bucket, key = split_s3(uri)
+        if bucket not in buckets:
+            _head(lambda: s3.head_bucket(Bucket=bucket), what, uri, endpoint, _missing_bucket(what, uri, bucket))
+            buckets.add(bucket)
+        if not written:  # run.storage is a prefix the job writes under: its bucket is all there is to check
+            _head(lambda: s3.head_object(Bucket=bucket, Key=key), what, uri, endpoint, _missing_object(what, uri))
+
+
+def _s3_client(first_uri: str) -> tuple[Any, str]:
+    """An S3 client of this environment's configuration, quick to give up (a preflight, not a transfer)."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = boto3.session.Session(region_name=os.environ.get("AWS_REGION") or None)
+        if session.get_credentials() is None:
+            raise UsageError(f"no AWS credentials: the rehearsal reads {first_uri} as the pods would",
+                             hint=NO_CREDENTIALS_HINT)
+        config = Config(connect_timeout=5, read_timeout=10, retries={"total_max_attempts": 2, "mode": "standard"})
+        s3 = session.client("s3", config=config)
+    except BotoCoreError as exc:  # a profile that is not there, an SSO token that expired, ...
+        raise UsageError(f"AWS configuration: {_one_line(str(exc))}", hint=NO_CREDENTIALS_HINT) from None
+    return s3, s3.meta.endpoint_url
+
+
+def _missing_bucket(what: str, uri: str, bucket: str) -> UsageError:
+    return UsageError(f"{what}: the bucket of {uri} does not exist",
+                      hint=f"create it (aws s3 mb s3://{bucket}), or render with a bucket of yours")
+
+
+def _missing_object(what: str, uri: str) -> UsageError:
+    if what == "runtime_env.py_modules":
+        return UsageError(f"{what}: {uri} does not exist", hint=f"upload trainlift there (trainlift package --upload "
+                          f"{uri.rsplit('/', 1)[0]}/) and render with the URI it prints")
+    return UsageError(f"{what}: {uri} does not exist",
+                      hint=f"upload it (cd my-project && zip -qr ../job.zip . && aws s3 cp ../job.zip {uri})")
+
+
+def _head(call, what: str, uri: str, endpoint: str, missing: UsageError) -> None:
+    """`call` (a HEAD request); a failure becomes one UsageError naming `uri`."""
+    from botocore import exceptions as bce
+
+    try:
+        call()
+    except (bce.NoCredentialsError, bce.PartialCredentialsError):
+        raise UsageError(f"no AWS credentials: the rehearsal reads {uri} as the pods would",
+                         hint=NO_CREDENTIALS_HINT) from None
+    except (bce.ConnectionError, bce.HTTPClientError) as exc:
+        raise UsageError(f"{what}: cannot reach S3 at {endpoint} to read {uri} ({type(exc).__name__})",
+                         hint="start the S3-compatible server AWS_ENDPOINT_URL names, or unset it to use AWS; "
+                              "check the network") from None
+    except bce.ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in MISSING_CODES:
+            raise missing from None
+        if code in DENIED_CODES:
+            raise UsageError(f"{what}: {uri}: access denied (HTTP 403) to this environment's credentials at "
+                             f"{endpoint}", hint="the rehearsal reads as you, not as the pods' role: use "
+                             "credentials that may read it (AWS_PROFILE)") from None
+        raise UsageError(f"{what}: {uri}: {code or type(exc).__name__}: {_one_line(str(exc))}") from None
+    except bce.BotoCoreError as exc:
+        raise UsageError(f"{what}: {uri}: {_one_line(str(exc))}", hint=NO_CREDENTIALS_HINT) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
 # --- running it ----------------------------------------------------------------------------------------------
 
 @dataclass
@@ -152,6 +265,7 @@ class Outcome:
     logs: str
     message: str
     checks: list[tuple[str, str, str]]  # (what, ok | failed, evidence)
+    rehearsed_as: tuple[str, ...] = ()  # the `--set` the rehearsal put before the user's (`rehearsed_as()`)
 
     @property
     def ok(self) -> bool:
@@ -160,28 +274,38 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "ok": self.ok, "message": self.message,
                 "checks": [{"check": c, "state": s, "evidence": e} for c, s, e in self.checks],
+                "rehearsed_as": list(self.rehearsed_as),
                 "not_proven": list(NOT_PROVEN)}
 
 
-def run(rehearsal: Rehearsal, overrides: list[str], timeout_s: float = 900.0,
-        echo=lambda line: None) -> Outcome:
-    """Start the local cluster, submit the job as the submitter pod does, wait, judge, stop the cluster."""
+def preflight(rehearsal: Rehearsal) -> None:
+    """The role and S3 checks: one UsageError, before any process starts (or any environment is built)."""
     if problems := role_problems(rehearsal):
         raise UsageError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
                          hint="put it under the cluster spec's storage.s3.uri or storage.s3.read, and render again")
+    s3_preflight(rehearsal)
+
+
+def run(rehearsal: Rehearsal, overrides: list[str], timeout_s: float = 900.0,
+        echo=lambda line: None, bin_dir: Path | None = None) -> Outcome:
+    """After `preflight`: start the local cluster (its Ray and `python` from `bin_dir`, the image's environment,
+    when given), submit the job as the submitter pod does, wait, judge, stop the cluster."""
     from trainlift.ops.rehearse_cluster import LocalCluster
 
     pods = sum(g.replicas for g in rehearsal.workers)
-    with LocalCluster(rehearsal, echo) as cluster:
+    settings = rehearsed_as(rehearsal, pods)
+    echo("rehearsed as: " + " ".join(f"--set {o}" for o in settings) + (" (then yours)" if overrides else ""))
+    with LocalCluster(rehearsal, echo, bin_dir) as cluster:
         status, logs, message = cluster.submit_and_wait(job_entrypoint(rehearsal, overrides, pods),
                                                         rehearsal.runtime_env, timeout_s)
-    return Outcome(status, logs, message, judge(rehearsal, status, logs, message))
+    return Outcome(status, logs, message, judge(rehearsal, status, logs, message), settings)
 
 
 def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tuple[str, str, str]]:
     started = bool(imported_from(logs))
+    not_started = NOT_IMPORTABLE if "No module named 'trainlift'" in logs else _tail(message or logs)
     checks = [("the Jobs API took the RayJob's entrypoint and runtime_env, and it set up on the nodes",
-               "ok" if started else "failed", "" if started else (message or _tail(logs)))]
+               "ok" if started else "failed", "" if started else not_started)]
     if started:
         problem = trainlift_origin_problem(logs)
         checks.append(("trainlift imports from py_modules, as on an image without it",
@@ -195,5 +319,10 @@ def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tu
     return checks
 
 
-def _tail(logs: str, lines: int = 3) -> str:
-    return " | ".join(line.strip() for line in logs.strip().splitlines()[-lines:]) or "no output"
+def _tail(text: str, lines: int = EVIDENCE_LINES) -> str:
+    """The last non-blank lines of a log or of Ray's message (where a traceback ends in its exception), as one line
+    of at most EVIDENCE_CHARS, its end kept."""
+    joined = " | ".join([" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:])
+    if len(joined) > EVIDENCE_CHARS:
+        joined = "…" + joined[-(EVIDENCE_CHARS - 1):]
+    return joined or "no output"

@@ -25,8 +25,9 @@ OBJECT_STORE_BYTES = 512 << 20
 class LocalCluster:
     """`with LocalCluster(rehearsal, echo) as cluster:` the cluster is up inside the block, and gone after it."""
 
-    def __init__(self, rehearsal, echo: Callable[[str], None]):
-        self.rehearsal, self.echo = rehearsal, echo
+    def __init__(self, rehearsal, echo: Callable[[str], None], bin_dir: Path | None = None):
+        """bin_dir: the Python environment whose Ray and `python` the pods run (the image's); default this one."""
+        self.rehearsal, self.echo, self.bin_dir = rehearsal, echo, bin_dir
         self.groups: list[int] = []  # process group ids of the `ray start --block` processes
         self.temp = ""
         self.dashboard = ""
@@ -46,17 +47,19 @@ class LocalCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
     def _env(self, pod_env: dict[str, str]) -> dict[str, str]:
-        """This environment (its S3 endpoint and credentials, this interpreter first on PATH, so the job's `python`
-        has the libraries the image would), without another cluster's address or auth, plus the pod's env."""
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
-        return {**keep, "PATH": path_with_this_python(), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled", **pod_env}
+        """This environment (its S3 endpoint and credentials), the rehearsed Python environment first on PATH (so
+        the job's `python` is the pods' own), without another cluster's address or auth, plus the pod's env."""
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))
+                and not (self.bin_dir and k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"))}
+        return {**keep, "PATH": path_with_this_python(self.bin_dir), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled",
+                **pod_env}
 
     def _ray_start(self, name: str, flags: list[str], params: dict[str, str], env: dict[str, str]) -> None:
         params = {"object-store-memory": str(OBJECT_STORE_BYTES), **params}
         if STAGING_ENV in env:  # the pod's staging volume: a directory of this "pod" under the rehearsal's temp
             env = {**env, STAGING_ENV: os.path.join(self.temp, "staging", name)}
             os.makedirs(env[STAGING_ENV])
-        cmd = ray_start_on_loopback(*flags, *(f"--{k}={v}" for k, v in params.items()))
+        cmd = ray_start_on_loopback(*flags, *(f"--{k}={v}" for k, v in params.items()), bin_dir=self.bin_dir)
         proc = run.spawn_detached(cmd, os.path.join(self.temp, f"{name}.log"), env=self._env(env))
         self.groups.append(proc.pid)
 
@@ -68,6 +71,10 @@ class LocalCluster:
                                  f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dashboard_port}",
                                  "--disable-usage-stats"], head.ray_start, head.env)
         self._wait(lambda: dashboard_up(self.dashboard), f"the Ray head on {self.dashboard}")
+        self._wait(lambda: self._alive_nodes() >= 1, "the Ray head's node")
+        # Ray before 2.59 (the image's 2.58) turns a loopback --node-ip-address into the machine's own address and
+        # serves GCS there: the raylets join the head where it says it is.
+        gcs = f"{self._head_ip() or LOOPBACK}:{gcs_port}"
         nodes = 1
         for group in self.rehearsal.workers:
             self.echo(f"starting {group.replicas} raylet(s) for worker group {group.name} ({_flags(group.ray_start)})")
@@ -75,18 +82,24 @@ class LocalCluster:
                 # A temporary directory of its own, as on its own machine: raylets sharing one unpack the job's
                 # working_dir into the same place at the same time, under each other's running job.
                 own = os.path.join(self.temp, f"w{nodes}")
-                self._ray_start(f"{group.name}-{i}", [f"--address={LOOPBACK}:{gcs_port}", f"--temp-dir={own}"],
+                self._ray_start(f"{group.name}-{i}", [f"--address={gcs}", f"--temp-dir={own}"],
                                 group.ray_start, group.env)
                 nodes += 1
                 self._wait(lambda: self._alive_nodes() >= nodes, f"Ray node {group.name}-{i}")
 
-    def _alive_nodes(self) -> int:
+    def _nodes(self) -> list:
         from ray.util.state import list_nodes
 
         try:
-            return sum(n.state == "ALIVE" for n in list_nodes(address=self.dashboard, raise_on_missing_output=False))
+            return [n for n in list_nodes(address=self.dashboard, raise_on_missing_output=False) if n.state == "ALIVE"]
         except Exception:  # noqa: BLE001 - the state API answers errors while the head is still starting
-            return 0
+            return []
+
+    def _alive_nodes(self) -> int:
+        return len(self._nodes())
+
+    def _head_ip(self) -> str | None:
+        return next((n.node_ip for n in self._nodes() if n.is_head_node), None)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

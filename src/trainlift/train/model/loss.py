@@ -50,23 +50,42 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Linear, labels: 
     return total
 
 
-def token_loss_sum(model, batch: dict[str, torch.Tensor], chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """Summed next-token cross-entropy over trainable (label != -100) tokens of a causal LM.
+FLEX_BLOCK = 128  # torch's default flex-attention block, the one transformers' block masks use
 
-    No KV cache: without one, transformers reads restarting position ids as packed examples and masks
-    attention between them. Models without a separate decoder and linear head get the plain loss."""
+
+def model_inputs(model, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor | bool], torch.Tensor]:
+    """The forward's keyword arguments for `batch`, and the labels that go with them.
+
+    No KV cache and no attention mask: without them, transformers (5.x, `masking_utils.find_packed_sequence_indices`)
+    reads restarting position ids as packed examples and masks attention between them, in every kernel; an
+    attention mask turns that off. flex_attention on a CPU: rows are padded to a multiple of `FLEX_BLOCK` with one
+    more example of ignored labels, because torch 2.13's CPU flex kernel (Inductor's fp32 micro-GEMM for q·kᵀ,
+    `cpp_micro_gemm.py`, its N-tail path) reads keys past the row and writes scores past the tile when a tile's
+    length is 8 mod 16 (AVX2): wrong and often NaN logits, packed or not. GPUs run Triton's kernel instead."""
+    ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+    pad = -ids.size(1) % FLEX_BLOCK
+    if pad and ids.device.type == "cpu" and model.config._attn_implementation == "flex_attention":
+        ids = F.pad(ids, (0, pad))
+        positions = torch.cat([positions, torch.arange(pad).expand(len(positions), pad)], dim=1)
+        labels = F.pad(labels, (0, pad), value=IGNORE)
+    return {"input_ids": ids, "position_ids": positions, "use_cache": False}, labels
+
+
+def token_loss_sum(model, batch: dict[str, torch.Tensor], chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """Summed next-token cross-entropy over trainable (label != -100) tokens of a causal LM, packed examples
+    kept apart (`model_inputs`). Models without a separate decoder and linear head get the plain loss."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    inputs, labels = model_inputs(model, batch)
     if decoder is model or not isinstance(head, torch.nn.Linear):
-        return plain_token_loss_sum(model(**inputs).logits, batch["labels"])
+        return plain_token_loss_sum(model(**inputs).logits, labels)
     found: list[torch.Tensor] = []
 
     def loss_from_hidden(module, args, output):
-        found.append(chunked_token_loss_sum(output.last_hidden_state, head, batch["labels"], chunk_elements))
+        found.append(chunked_token_loss_sum(output.last_hidden_state, head, labels, chunk_elements))
 
     handle = decoder.register_forward_hook(loss_from_hidden)
     try:
-        model(**inputs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=batch["input_ids"].device))
+        model(**inputs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=labels.device))
     finally:
         handle.remove()
     return found[0]
