@@ -39,6 +39,14 @@ def test_the_reference_job_on_the_reference_cluster_fits_and_costs_both_node_gro
                                         "runtime", "total"}
 
 
+def test_an_unpriced_cluster_names_the_instance_type_it_has_no_price_for():
+    """cluster-p5.yaml's group is called h100; a price is looked up by instance type, so that is what is named."""
+    result = estimate(str(EXAMPLES / "qwen2.5-1.5b-eks.yaml"), "--cluster", str(EXAMPLES / "cluster-p5.yaml"),
+                      "--model-config", str(CONFIGS / "qwen2.5-1.5b.json"))
+    assert result.exit_code == 0, result.output
+    assert "no price for p5.48xlarge in us-east-2 (pass --live)" in result.output and "h100" not in result.output
+
+
 def test_a_70b_job_does_not_fit_one_p5_says_what_would_and_fits_four():
     spec, config = str(EXAMPLES / "llama-3.1-70b-eks.yaml"), str(CONFIGS / "llama-3.1-70b.json")
     one = estimate(spec, "--instance", "p5.48xlarge", "--nodes", "1", "--model-config", config)

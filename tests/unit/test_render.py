@@ -112,7 +112,9 @@ def test_head_has_no_gpus_and_a_cluster_ip_dashboard():
     assert head["rayStartParams"]["num-gpus"] == "0"
     assert head["template"]["spec"]["nodeSelector"] == {"role": "system"}
     resources = head["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert "nvidia.com/gpu" not in resources and int(resources["cpu"]) < 4
+    from trainlift.render.fit import cpu_m
+
+    assert "nvidia.com/gpu" not in resources and cpu_m(resources["cpu"]) < 4000
     assert cluster["spec"]["rayVersion"] == "2.58.0"
 
 
@@ -292,3 +294,16 @@ def test_render_cluster_with_a_job_adds_the_rayjob():
 @pytest.mark.parametrize("name, expected", [("run", "run"), ("7b", "job-7b"), ("A" * 80, "a" * 47)])
 def test_k8s_name(name, expected):
     assert k8s_name(name) == expected
+
+
+def test_every_rendered_eksctl_config_carries_the_owner_tag():
+    """A cluster created with `eksctl create cluster -f` from `render -o` is one `cluster down` recognizes: the tag
+    `cluster up` checks (ops.preflight) is in the render itself, not added by `cluster up` alone."""
+    from pathlib import Path
+
+    from trainlift.ops.preflight import OWNER_TAG
+
+    for name in ("cluster-reference.yaml", "cluster-p5.yaml"):
+        spec = parse_cluster_spec(yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / name).read_text()))
+        config = next(m for m in render_cluster(spec) if m.kind == "ClusterConfig")
+        assert yaml.safe_load(config.text())["metadata"]["tags"] == {OWNER_TAG: spec.name}, name

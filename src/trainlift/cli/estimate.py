@@ -126,7 +126,7 @@ def _cluster_price(spec, live: bool):
 
     cost = cluster_cost(spec, lambda t, r: _price(t, r, True)) if live else cluster_cost(spec)
     if cost.total_usd_per_hour is None or not cost.complete:
-        return None, f"no price for {', '.join(cost.unknown)} in {spec.region} (pass --live)"
+        return None, f"no price for {', '.join(cost.unknown_types)} in {spec.region} (pass --live)"
     price = next(g.price for g in cost.groups if g.price is not None)
     return cost.total_usd_per_hour, _describe(price) + ", every node group"
 

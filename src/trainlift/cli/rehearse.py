@@ -22,8 +22,8 @@ def rehearse(
     image: Optional[bool] = typer.Option(
         None, "--image/--no-image", help="Run the head, the raylets and the job in a virtualenv built from the "
         "rendered image's locked packages (CPU builds; trainlift only through py_modules), as in the pods. Default: "
-        "on when trainlift knows the image's lock. The first build takes minutes and is cached under "
-        "$TRAINLIFT_HOME/image-envs; --no-image rehearses in this environment."),
+        "on when trainlift knows the image's lock. The first build takes about a minute (with uv) and is cached "
+        "under $TRAINLIFT_HOME/image-envs; --no-image rehearses in this environment."),
     timeout: float = typer.Option(900.0, "--timeout", min=1.0, help="Seconds the job may take."),
     json_out: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
@@ -31,7 +31,8 @@ def rehearse(
 
     A head and one raylet per worker pod start with the rendered rayStartParams (a GPU becomes a CPU slot) and
     env; the RayJob's entrypoint and runtimeEnvYAML are submitted through the Jobs API as its submitter pod
-    would, with one training worker per worker pod. s3:// URIs are read from the S3 endpoint this environment
+    would, with one training worker per worker pod and the job's GPU settings mapped to CPU ones (printed as
+    "rehearsed as"; your --set come after). s3:// URIs are read from the S3 endpoint this environment
     names (AWS_ENDPOINT_URL), so code, trainlift, data and checkpoints travel as on EKS. With the image's
     environment, a package the job imports that the image lacks, or a Ray or transformers API that differs in the
     image's releases, fails here as it would on the cluster. Exit 1 when a check fails.

@@ -134,7 +134,7 @@ def render(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
-    from trainlift.render import image_ref, render_cluster
+    from trainlift.render import image_ref, pod_placements, render_cluster
 
     if out is None and not check:
         raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")
@@ -153,6 +153,7 @@ def render(
         "fabric": cluster.fabric, "scheduler": cluster.scheduler,
         "image": image_ref(cluster),
         "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
+        "placement": [p.to_dict() for p in pod_placements(cluster, manifests)],
     }
     if out is not None:
         for m in manifests:
@@ -163,11 +164,19 @@ def render(
         summary["written"] = [str(out / m.path) for m in manifests]
     if json_out:
         print_json(summary)
-        return
+    else:
+        _print_rendered(cluster, manifests, out)
+
+
+def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> None:
+    from trainlift.render import pod_placements
+
     verb = "wrote" if out is not None else "valid"
     for m in manifests:
         where = out / m.path if out is not None else m.path
         console.print(f"{verb}  {where}  [dim]{m.kind}[/]", highlight=False)
+    for p in pod_placements(cluster, manifests):
+        console.print(f"fits   {p.line()}", highlight=False)
     console.print(
         f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
         f"{cluster.scheduler}, checked against eksctl v0.230.0, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "

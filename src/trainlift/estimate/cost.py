@@ -50,6 +50,11 @@ class ClusterCost:
         return [g.group for g in self.groups if g.price is None]
 
     @property
+    def unknown_types(self) -> list[str]:
+        """The instance types of the unpriced groups, each once: what a price is looked up by."""
+        return list(dict.fromkeys(g.instance_type for g in self.groups if g.price is None))
+
+    @property
     def total_usd_per_hour(self) -> float | None:
         """The sum over the groups whose price is known; None when none is. A lower bound while any is unknown."""
         known = [g.usd_per_hour for g in self.groups if g.usd_per_hour is not None]

@@ -32,7 +32,7 @@ from trainlift.ops.placement import Placement, allowed_zones, place, resolve_spe
 from trainlift.ops.plan import ABSENT, BUSY, Files, Observed, Op, Plan, Step
 from trainlift.ops.steps import FORWARDED_DASHBOARD_PORT
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
-from trainlift.ops.preflight import TOOLS, owner_tags
+from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import Background, check
 
 DEFAULT_ROOT = ".trainlift"
@@ -183,11 +183,6 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
             digest = spec_hash(m.body)
             body = json.loads(json.dumps(m.body))
             body["metadata"].setdefault("annotations", {})[kube.SPEC_HASH] = digest
-            m = replace(m, body=body)
-        elif m.kind == "ClusterConfig":
-            # eksctl puts metadata.tags on the EKS cluster and on every stack it creates.
-            body = json.loads(json.dumps(m.body))
-            body["metadata"]["tags"] = {**body["metadata"].get("tags", {}), **owner_tags(spec)}
             m = replace(m, body=body)
         account = account or m.kind == "ServiceAccount"
         manifests.append(m)

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops.run import INSTALL
+from trainlift.render.eksctl import OWNER_TAG
 from trainlift.ops.steps import Observed, Op, Step
 
-OWNER_TAG = "trainlift.io/cluster"  # set on the EKS cluster and eksctl's stacks through metadata.tags
 TOOLS = ("eksctl", "helm", "kubectl", "aws")
 KUBE_WAITS = ("secret/", "head-ready", "workers-running", "nodes/")
-
-
-def owner_tags(spec: ClusterSpec) -> dict[str, str]:
-    return {OWNER_TAG: spec.name}
 
 
 def tools_needed(steps: list[Step]) -> list[str]:

@@ -17,6 +17,7 @@ import yaml
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import Reservations, block_active, render_eksctl
+from trainlift.render.fit import Placement, fit_problems, placements
 from trainlift.render.helm import helm_install_args, render_helm_releases
 from trainlift.render.problems import raise_problems
 from trainlift.render.queues import placement_annotations, queue_labels, queue_object_path, queue_objects
@@ -29,7 +30,7 @@ from trainlift.render.validate import core_problems, crd_problems, eksctl_proble
 Check = Literal["eksctl", "crd", "core", "helm-values", "none"]
 MAX_LISTED = 5
 
-__all__ = ["JobInputs", "Manifest", "S3Use", "render_cluster", "to_yaml", "validate_manifests"]
+__all__ = ["JobInputs", "Manifest", "S3Use", "pod_placements", "render_cluster", "to_yaml", "validate_manifests"]
 
 
 @dataclass(frozen=True)
@@ -172,4 +173,11 @@ def render_cluster(spec: ClusterSpec, job: JobInputs | None = None, *, s3_uses: 
                    + s3_access_problems(spec, uses))
     manifests = render_manifests(spec, job, reservations)
     validate_manifests(manifests, spec.kubernetes_version)
+    raise_problems(fit_problems(pod_placements(spec, manifests)))
     return manifests
+
+
+def pod_placements(spec: ClusterSpec, manifests: list[Manifest]) -> list[Placement]:
+    """Each Ray pod of the rendered RayCluster on a node of its group, with what it needs and what is left there."""
+    raycluster = next(m.body for m in manifests if m.kind == "RayCluster")
+    return placements(spec, raycluster["spec"])

@@ -114,12 +114,19 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations 
     return group
 
 
+# eksctl puts metadata.tags on the EKS cluster and on every CloudFormation stack it creates: `cluster up` adopts, and
+# `cluster down` deletes, only what carries this tag with the cluster's name.
+OWNER_TAG = "trainlift.io/cluster"
+
+
 def render_eksctl(spec: ClusterSpec, reservations: Reservations | None = None) -> dict[str, Any]:
-    """`reservations` (id -> facts from EC2) size Capacity Block groups; unknown blocks start at 0 nodes."""
+    """`reservations` (id -> facts from EC2) size Capacity Block groups; unknown blocks start at 0 nodes. The owner
+    tag is in every render, so a cluster created from `render -o` is one `cluster down` recognizes."""
     config: dict[str, Any] = {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
-        "metadata": {"name": spec.name, "region": spec.region, "version": spec.kubernetes_version},
+        "metadata": {"name": spec.name, "region": spec.region, "version": spec.kubernetes_version,
+                     "tags": {OWNER_TAG: spec.name}},
     }
     if spec.availability_zones:
         config["availabilityZones"] = list(spec.availability_zones)

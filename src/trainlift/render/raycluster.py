@@ -10,6 +10,7 @@ from trainlift.catalog.lookup import pinned_image
 from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.train.model.fetch import STAGING_ENV
+from trainlift.render import fit
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -23,6 +24,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
 # device plugins) and, on the system nodes, the KubeRay operator and CoreDNS.
 WORKER_RESERVE = (0.10, 2, 4)  # fraction, at least this many vCPUs, at least this many GiB
 HEAD_RESERVE = (0.25, 1, 4)
+HEAD_FLOOR = (1000, 2)  # millicores, GiB: less than this is no Ray head
 SHM_SHARE = 4  # /dev/shm may use up to 1/4 of the pod's memory (it counts against the limit)
 
 # The staging volume: checkpoints are written there before their upload (and the node's model cache lives there).
@@ -155,11 +157,18 @@ def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resource
 
 
 def head_group(spec: ClusterSpec) -> dict[str, Any]:
+    """The head takes what the system node has left after the add-ons, operators and submitter (render.fit), at
+    most HEAD_RESERVE's share of the node."""
     cpu, gib = pod_size(catalog.lookup(spec.system.instance_type), HEAD_RESERVE)
+    left = fit.room(spec, spec.system.instance_type, system=True)
+    # A node too small for any head keeps a floor here, and render's scheduling check refuses it with the numbers.
+    cpu_m = max(HEAD_FLOOR[0], min(cpu * 1000, left.cpu_m // 100 * 100))
+    gib = max(HEAD_FLOOR[1], min(gib, left.mem_mib // 1024))
     volumes, mounts = _volumes(spec, max(1, gib // SHM_SHARE))
     # The node runtime's NVIDIA hook fails on GPU-less nodes unless the pod opts out.
     env = _env({"NVIDIA_VISIBLE_DEVICES": "void", "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_seconds(spec))}, spec)
-    container = _container(spec, "ray-head", env, {"cpu": str(cpu), "memory": f"{gib}Gi"}, mounts)
+    amounts = {"cpu": str(cpu_m // 1000) if cpu_m % 1000 == 0 else f"{cpu_m}m", "memory": f"{gib}Gi"}
+    container = _container(spec, "ray-head", env, amounts, mounts)
     container["ports"] = [
         {"containerPort": 6379, "name": "gcs-server"},
         {"containerPort": 8265, "name": "dashboard"},
@@ -196,6 +205,9 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] 
     """`annotations`: the pod template's (the scheduler's placement request), if any."""
     profile = w.profile
     cpu, gib = pod_size(profile, WORKER_RESERVE)
+    hugepages = profile.efa_hugepages_mib if spec.fabric == "efa" else 0
+    left = fit.room(spec, w.instance_type, False, spec.fabric == "efa", hugepages)  # at most what the node allows
+    cpu, gib = max(1, min(cpu, left.cpu_m // 1000)), max(1, min(gib, left.mem_mib // 1024))
     gpus = w.gpus_per_worker
     amounts = {"cpu": str(cpu), "memory": f"{gib}Gi", GPU_RESOURCE: str(gpus)}
     if spec.fabric == "efa":

@@ -38,7 +38,8 @@ def _peft():
         import peft
     except ImportError:
         raise UsageError("model.lora needs the peft package",
-                         hint="pip install 'trainlift[lora]' (on a cluster: trainlift submit --pip peft)") from None
+                         hint="pip install 'trainlift[lora]' (on a cluster, the job's runtime_env installs it: "
+                              "render --job and submit add it)") from None
     return peft
 
 
