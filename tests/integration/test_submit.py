@@ -225,3 +225,38 @@ def test_doctor_through_the_dashboard_runs_the_probe_as_a_job_on_the_cluster(hom
     assert any(f["rule"] == "mlflow_access" and f["severity"] == "error" and f["node"] for f in report["findings"])
     jobs = json.loads(cli(home, "jobs", "list", "--address", head["dashboard_url"], "--json").stdout)
     assert any(j["id"] == report["job_id"] and j["status"] == "FAILED" for j in jobs)  # its exit 1: an error found
+
+
+def test_the_pods_stop_hooks_let_a_running_job_checkpoint_before_ray_stops(head):
+    """The rendered preStop scripts, run against a real head's Jobs API as kubelet runs them on a pod's deletion
+    (preStop first, then SIGTERM, within terminationGracePeriodSeconds): the head's stops the job, whose driver gets
+    SIGTERM and finishes (a stand-in for trainlift's checkpoint-on-stop), and returns once it has ended; a worker's
+    waits while the job runs and returns when it is gone."""
+    from ray.job_submission import JobSubmissionClient
+
+    from trainlift.ops.jobs import auth_headers
+    from trainlift.render import stop_hooks
+
+    port = head["dashboard_url"].rstrip("/").rsplit(":", 1)[1]
+    token = auth_headers()["Authorization"].removeprefix("Bearer ")  # the local head's, as KubeRay injects a pod's
+    env = {**os.environ, "FQ_RAY_IP": "127.0.0.1", "RAY_JOB_STOP_WAIT_TIME_S": "60", "RAY_ADDRESS": "",
+           "RAY_AUTH_TOKEN": token}
+    client = JobSubmissionClient(head["dashboard_url"], headers=auth_headers())
+    driver = ("import signal, sys, time; "
+              "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), print('final checkpoint written', flush=True), "
+              "sys.exit(0))); print('training', flush=True); time.sleep(300)")
+    job = client.submit_job(entrypoint=f"python -c \"{driver}\"")
+    deadline = time.monotonic() + 60
+    while "training" not in client.get_job_logs(job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    worker = subprocess.Popen([sys.executable, "-c", stop_hooks.WORKER_WAIT.replace(":8265", f":{port}")], env=env)
+    time.sleep(3)
+    assert worker.poll() is None  # still waiting: the job runs
+    started = time.monotonic()
+    stopped = subprocess.run([sys.executable, "-c", stop_hooks.HEAD_WAIT.replace(":8265", f":{port}")], env=env,
+                             capture_output=True, text=True, timeout=90)
+    waited = time.monotonic() - started
+    assert stopped.returncode == 0 and "could not stop" not in stopped.stdout, stopped.stdout + stopped.stderr
+    assert str(client.get_job_status(job)) in ("STOPPED", "JobStatus.STOPPED")
+    assert "final checkpoint written" in client.get_job_logs(job) and 2 <= waited < 60
+    assert worker.wait(timeout=30) == 0

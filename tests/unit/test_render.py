@@ -86,7 +86,10 @@ def test_efa_env_pins_the_ofi_network_and_mounts_shm():
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
-    assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+    # preStop waits while the head still runs a job (its final checkpoint), then stops Ray; the grace period covers it
+    assert container["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("'; ray stop")
+    pod = by_path(render_cluster(make()))["k8s/20-raycluster.yaml"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= int(env["RAY_JOB_STOP_WAIT_TIME_S"]) + 30
 
 
 def test_socket_fabric_forces_tcp_and_skips_efa():

@@ -10,7 +10,7 @@ from trainlift.catalog.lookup import pinned_image
 from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.train.model.fetch import STAGING_ENV
-from trainlift.render import fit
+from trainlift.render import fit, stop_hooks
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -144,7 +144,7 @@ def image_ref(spec: ClusterSpec) -> str:
 
 
 def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resources: dict[str, str],
-               mounts: list[dict[str, Any]]) -> dict[str, Any]:
+               mounts: list[dict[str, Any]], stop_script: str) -> dict[str, Any]:
     return {
         "name": name,
         "image": image_ref(spec),
@@ -152,7 +152,7 @@ def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resource
         "env": env,
         "resources": _resources(resources),
         "volumeMounts": mounts,
-        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
+        "lifecycle": stop_hooks.pre_stop(stop_script),
     }
 
 
@@ -168,7 +168,7 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
     # The node runtime's NVIDIA hook fails on GPU-less nodes unless the pod opts out.
     env = _env({"NVIDIA_VISIBLE_DEVICES": "void", "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_seconds(spec))}, spec)
     amounts = {"cpu": str(cpu_m // 1000) if cpu_m % 1000 == 0 else f"{cpu_m}m", "memory": f"{gib}Gi"}
-    container = _container(spec, "ray-head", env, amounts, mounts)
+    container = _container(spec, "ray-head", env, amounts, mounts, stop_hooks.HEAD_WAIT)
     container["ports"] = [
         {"containerPort": 6379, "name": "gcs-server"},
         {"containerPort": 8265, "name": "dashboard"},
@@ -181,6 +181,7 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
         "template": {
             "metadata": {"labels": dict(MANAGED_BY)},
             "spec": {
+                "terminationGracePeriodSeconds": stop_hooks.grace_period_s(stop_wait_seconds(spec)),
                 "nodeSelector": dict(SYSTEM_LABELS),
                 **service_account(spec),
                 "containers": [container],
@@ -222,10 +223,12 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] 
         volumes.append({"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib(profile)}Gi"}})
         mounts.append({"name": "staging", "mountPath": STAGING_PATH})
         env = {**env, STAGING_ENV: STAGING_PATH}
-    container = _container(spec, "ray-worker", _env(env, spec), amounts, mounts)
+    env = {**env, "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_seconds(spec))}  # how long its preStop waits
+    container = _container(spec, "ray-worker", _env(env, spec), amounts, mounts, stop_hooks.WORKER_WAIT)
     # Locked (pinned) memory for EFA and NCCL buffers.
     container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    pod: dict[str, Any] = {"nodeSelector": {"role": WORKER_ROLE, WORKER_GROUP_LABEL: w.name}}
+    pod: dict[str, Any] = {"terminationGracePeriodSeconds": stop_hooks.grace_period_s(stop_wait_seconds(spec)),
+                           "nodeSelector": {"role": WORKER_ROLE, WORKER_GROUP_LABEL: w.name}}
     if w.taints:
         pod["tolerations"] = tolerations(w)
     pod.update(service_account(spec))
