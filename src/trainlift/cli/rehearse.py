@@ -42,7 +42,7 @@ def rehearse(
     echo = (lambda line: None) if json_out else (lambda line: err_console.print(Text(line, style="dim")))
     plan = rehearsal_ops.rehearsal_of(out_dir)
     rehearsal_ops.preflight(plan)
-    env = _image_env(out_dir, image, echo)
+    env = _image_env(plan.image, image, echo)
     outcome = rehearsal_ops.run(plan, list(set_), timeout, echo=echo, bin_dir=env.bin_dir if env else None)
     where = _where(env)
     if json_out:
@@ -61,18 +61,14 @@ def rehearse(
         raise typer.Exit(1)
 
 
-def _image_env(out_dir: Path, wanted: Optional[bool], echo: Callable[[str], None]):
+def _image_env(image: str, wanted: Optional[bool], echo: Callable[[str], None]):
     """The image's environment (built or cached) when asked for, or by default when the image's lock is known."""
-    import yaml
-
     from trainlift.catalog.packages import image_lock
     from trainlift.errors import UsageError
     from trainlift.ops import image_env
 
     if wanted is False:
         return None
-    cluster = yaml.safe_load((out_dir / "k8s" / "20-raycluster.yaml").read_text())
-    image = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
     lock = image_lock(image)
     if lock is None:
         if wanted:

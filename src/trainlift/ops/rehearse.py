@@ -67,6 +67,7 @@ class Rehearsal:
     s3_uses: tuple[tuple[str, str, bool], ...]  # (what, uri, written)
     s3_grants: tuple[tuple[str, str], ...] = field(default=())  # (action, resource pattern) of the pods' role
     rehearsed_as: tuple[str, ...] = ()  # `--set` overrides the job gets because its GPUs are CPU slots here
+    image: str = ""  # what the pods run
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -114,7 +115,8 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
         uses.append(("run.storage", storage.group(1), True))
     return Rehearsal(head, workers, job["entrypoint"], runtime_env,
                      tuple(u for u in uses if str(u[1]).startswith("s3://")), _grants(eksctl),
-                     ON_CPU_SLOTS if gpu_pods else ())
+                     ON_CPU_SLOTS if gpu_pods else (),
+                     cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("image", ""))
 
 
 def role_problems(rehearsal: Rehearsal) -> list[str]:
