@@ -83,3 +83,18 @@ def test_a_render_in_another_partition_is_checked_the_same_way():
     plan = rehearsal_of(GOLDEN)
     china = replace(plan, s3_grants=tuple((a, r.replace("arn:aws:", "arn:aws-cn:")) for a, r in plan.s3_grants))
     assert role_problems(china) == []
+
+
+def test_the_render_queue_is_admitted_on_paper_and_an_edit_that_breaks_it_fails_the_check(tmp_path):
+    import shutil
+
+    plan = rehearsal_of(GOLDEN)
+    [check] = [c for c in judge(plan, "SUCCEEDED", "", "") if c[0].startswith("Kueue admits")]
+    assert check[1] == "ok" and "RayCluster ray-train admitted in ClusterQueue ray-train" in check[2]
+    assert "RayJob qwen2-5-1-5b-sft runs on RayCluster ray-train (clusterSelector)" in check[2]
+    edited = tmp_path / "out"
+    shutil.copytree(GOLDEN, edited)
+    [queue_file] = (edited / "k8s").glob("15-*clusterqueue*.yaml")
+    queue_file.write_text(queue_file.read_text().replace("nominalQuota: '8'", "nominalQuota: '4'"))
+    [check] = [c for c in judge(rehearsal_of(edited), "SUCCEEDED", "", "") if c[0].startswith("Kueue admits")]
+    assert check[1] == "failed" and "it needs nvidia.com/gpu 8 in flavor ray-train-gpu-workers, whose quota" in check[2]

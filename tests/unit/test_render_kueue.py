@@ -1,5 +1,5 @@
 """Kueue objects for the reference cluster, a p5.48xlarge and a p4d.24xlarge variant: strict schema validation,
-quotas equal to the node groups' totals, EKS's topology labels, and RayJobs Kueue's webhook accepts."""
+quotas equal to the node groups' totals, EKS's topology labels, and a RayCluster and RayJob Kueue's webhook accepts."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_topology_levels_are_the_eks_network_labels_then_the_node(name):
     assert [lvl["nodeLabel"] for lvl in topology["spec"]["levels"]] == EKS_LAYERS + ["kubernetes.io/hostname"]
     flavor = next(o for o in kueue_objects(rendered) if o["kind"] == "ResourceFlavor" and "topologyName" in o["spec"])
     assert flavor["spec"]["topologyName"] == topology["metadata"]["name"]
-    worker = rendered["k8s/30-rayjob.yaml"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    worker = rendered["k8s/20-raycluster.yaml"]["spec"]["workerGroupSpecs"][0]
     assert worker["template"]["metadata"]["annotations"] == {
         "kueue.x-k8s.io/podset-preferred-topology": "topology.k8s.aws/network-node-layer-3"}
 
@@ -134,22 +134,23 @@ def test_which_types_have_four_layers_is_catalog_data_with_a_source():
 def test_g6_has_no_topology_labels_so_no_topology_is_rendered():
     rendered = manifests(SPECS["reference"]())
     assert not [o for o in kueue_objects(rendered) if o["kind"] == "Topology"]
-    worker = rendered["k8s/30-rayjob.yaml"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    worker = rendered["k8s/20-raycluster.yaml"]["spec"]["workerGroupSpecs"][0]
     assert "annotations" not in worker["template"]["metadata"]
 
 
 @pytest.mark.parametrize("name", SPECS)
-def test_a_queued_rayjob_brings_its_own_cluster(name):
+def test_the_standing_cluster_is_queued_and_the_rayjob_runs_on_it_outside_the_queue(name):
+    """Kueue's webhook (v0.19.2) accepts a RayJob with clusterSelector and no rayClusterSpec and does not manage it,
+    so the job takes no quota beside the RayCluster that holds it: the README's path cannot deadlock."""
     rendered = manifests(SPECS[name]())
-    job = rendered["k8s/30-rayjob.yaml"]
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == SPECS[name]()["name"]
-    assert job["spec"]["shutdownAfterJobFinishes"] is True
-    assert "clusterSelector" not in job["spec"] and "deletionStrategy" not in job["spec"]
-    assert job["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
-    assert job["spec"]["backoffLimit"] == 2 and "activeDeadlineSeconds" not in job["spec"]
+    cluster, job = rendered["k8s/20-raycluster.yaml"], rendered["k8s/30-rayjob.yaml"]
     [local] = [o for o in kueue_objects(rendered) if o["kind"] == "LocalQueue"]
-    assert (local["metadata"]["namespace"], local["metadata"]["name"]) == (job["metadata"]["namespace"],
-                                                                          job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"])
+    assert cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == local["metadata"]["name"]
+    assert local["metadata"]["namespace"] == cluster["metadata"]["namespace"]
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}
+    assert "rayClusterSpec" not in job["spec"] and job["spec"]["shutdownAfterJobFinishes"] is False
+    assert cluster["spec"]["enableInTreeAutoscaling"] is False  # Kueue rejects autoscaling on a non-elastic cluster
 
 
 def test_max_hours_becomes_the_active_deadline():
@@ -191,3 +192,19 @@ def test_a_combination_the_scheduler_rejects_is_refused_in_one_line(changes, lin
     with pytest.raises(SpecError) as caught:
         render_cluster(parse_cluster_spec(spec_data(REFERENCE, **changes)))
     assert line in caught.value.message and "\n" not in caught.value.message
+
+
+def test_kueue_gives_back_the_quota_of_a_workload_whose_pods_do_not_start_within_the_pull_and_start_time():
+    """The chart takes its whole Configuration as one string; catalog/kueue_config.yaml is the chart's own (equal,
+    as parsed, to charts/kueue/values.yaml@v0.19.2 when checked), and only waitForPodsReady is added."""
+    from trainlift.catalog.lookup import load_data
+
+    rendered = {m.path: m for m in render_cluster(parse_cluster_spec(SPECS["reference"]()))}
+    text = rendered["helm/kueue.values.yaml"].body["managerConfig"]["controllerManagerConfigYaml"]
+    config = yaml.safe_load(text)
+    ready = config.pop("waitForPodsReady")
+    assert config == load_data("kueue_config.yaml")
+    assert "ray.io/raycluster" in config["integrations"]["frameworks"]
+    # 6 minutes of image pull + 4 of Ray's start, against Kueue's default 30; a replaced node keeps the default.
+    assert ready["timeout"] == "10m" and ready["recoveryTimeout"] == "30m"
+    assert ready["requeuingStrategy"]["timestamp"] == "Eviction"

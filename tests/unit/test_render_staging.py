@@ -31,7 +31,9 @@ def worker_pods(objects: dict) -> list[dict]:
     pods = []
     for body in objects.values():
         if isinstance(body, dict) and body.get("kind") in ("RayCluster", "RayJob"):
-            cluster = body["spec"] if body["kind"] == "RayCluster" else body["spec"]["rayClusterSpec"]
+            cluster = body["spec"] if body["kind"] == "RayCluster" else body["spec"].get("rayClusterSpec")
+            if cluster is None:
+                continue
             pods += [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
     return pods
 

@@ -51,9 +51,9 @@ def test_volcano_is_kuberays_batch_scheduler_and_installed_before_it():
     names = [r["name"] for r in out["helm/releases.yaml"].body["releases"]]
     assert names.index("volcano") < names.index("kuberay-operator") and "kueue" not in names
     assert "--repo https://volcano-sh.github.io/helm-charts --version 1.15.1" in out["helm/volcano.values.yaml"].comment
-    job = out["k8s/30-rayjob.yaml"].body
-    assert job["metadata"]["labels"]["volcano.sh/queue-name"] == "ray-train-p5"
-    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+    cluster = out["k8s/20-raycluster.yaml"].body
+    assert cluster["metadata"]["labels"]["volcano.sh/queue-name"] == "ray-train-p5"
+    assert "kueue.x-k8s.io/queue-name" not in cluster["metadata"]["labels"]
 
 
 def test_scheduler_none_renders_no_queue_objects_or_labels():

@@ -58,13 +58,13 @@ class ChartPin(BaseModel):
     source: str
 
 
-def _load(name: str) -> dict[str, Any]:
+def load_data(name: str) -> dict[str, Any]:
     return yaml.safe_load(resources.files("trainlift.catalog").joinpath(name).read_text())
 
 
 @lru_cache(maxsize=1)
 def _instances() -> dict[str, InstanceProfile]:
-    data = _load("instances.yaml")
+    data = load_data("instances.yaml")
     texts, models = data["sources"], data["gpu_models"]
     profiles = {}
     for name, entry in data["instances"].items():
@@ -82,7 +82,7 @@ def _instances() -> dict[str, InstanceProfile]:
 
 @lru_cache(maxsize=1)
 def _device_peaks() -> list[tuple[list[str], float]]:
-    data = _load("instances.yaml")
+    data = load_data("instances.yaml")
     entries = list(data["device_variants"]) + list(data["gpu_models"].values())
     return [
         ([d.upper().split() for d in e["devices"]], float(e["peak_bf16_tflops"]) * 1e12)
@@ -93,7 +93,7 @@ def _device_peaks() -> list[tuple[list[str], float]]:
 @lru_cache(maxsize=1)
 def platform() -> dict[str, Any]:
     """Software pins and platform facts (platform.yaml), sources included."""
-    return _load("platform.yaml")
+    return load_data("platform.yaml")
 
 
 def instance_types(*, gpu: bool | None = None) -> list[str]:
@@ -133,14 +133,14 @@ def chart(name: str) -> ChartPin:
     return ChartPin(**entry)
 
 
-def _image_entry(image: str) -> dict[str, Any] | None:
+def image_entry(image: str) -> dict[str, Any] | None:
     # `name:tag@sha256:...` is the tagged image pinned to one digest.
     return platform()["images"].get(image.split("@", 1)[0])
 
 
 def image_ray_version(image: str) -> str | None:
     """The Ray version inside a known container image; None for an image the catalog doesn't know."""
-    entry = _image_entry(image)
+    entry = image_entry(image)
     return str(entry["ray_version"]) if entry else None
 
 
@@ -148,7 +148,7 @@ def pinned_image(image: str) -> str | None:
     """The release tag a floating tag stands for now (the image itself when its tag is a release); None when unknown."""
     if "@" in image:
         return None
-    entry = _image_entry(image)
+    entry = image_entry(image)
     if entry is None:
         return None
     return str(entry.get("pinned", image))

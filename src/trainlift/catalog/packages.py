@@ -9,7 +9,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from trainlift.catalog.lookup import _image_entry, _load, pinned_image
+from trainlift.catalog.lookup import image_entry, load_data, pinned_image
 from trainlift.errors import SpecError
 
 
@@ -33,7 +33,7 @@ def normalize(name: str) -> str:
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, JobPackage]:
     return {name: JobPackage(name, str(e["version"]), e["module"], e["needed_by"])
-            for name, e in _load("job_packages.yaml")["packages"].items()}
+            for name, e in load_data("job_packages.yaml")["packages"].items()}
 
 
 def feature_packages(spec: Any) -> list[JobPackage]:
@@ -95,7 +95,7 @@ def parse_lock(text: str, file: str = "") -> ImageLock:
 @lru_cache(maxsize=None)
 def image_lock(image: str) -> ImageLock | None:
     """The locked package set of a catalog image (its `lock` file under catalog/images/); None when unknown."""
-    entry = _image_entry(pinned_image(image) or image)
+    entry = image_entry(pinned_image(image) or image)
     if not entry or "lock" not in entry:
         return None
     path = resources.files("trainlift.catalog").joinpath("images", entry["lock"])

@@ -121,8 +121,8 @@ def render(
     job: Optional[Path] = typer.Option(None, "--job", help="Also render a RayJob for this job spec."),
     job_shutdown: bool = typer.Option(
         False, "--job-shutdown",
-        help="The RayJob brings its own RayCluster and deletes it when the job ends "
-        "(default: run on the rendered RayCluster; with scheduler: kueue, always its own).",
+        help="The RayJob brings its own RayCluster and deletes it when the job ends (queued, under a scheduler) "
+        "(default: run on the rendered standing RayCluster, through clusterSelector, outside the queue).",
     ),
     working_dir: Optional[str] = typer.Option(
         None, "--working-dir", help="Remote URI (s3://.../code.zip) of the job's working dir for the RayJob."
@@ -134,7 +134,7 @@ def render(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
-    from trainlift.render import image_ref, pod_placements, render_cluster
+    from trainlift.render import admissions, image_ref, pod_placements, render_cluster
 
     if out is None and not check:
         raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")
@@ -154,6 +154,7 @@ def render(
         "image": image_ref(cluster),
         "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
         "placement": [p.to_dict() for p in pod_placements(cluster, manifests)],
+        "admission": admissions(manifests),
     }
     if out is not None:
         for m in manifests:
@@ -169,7 +170,7 @@ def render(
 
 
 def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> None:
-    from trainlift.render import pod_placements
+    from trainlift.render import admissions, pod_placements
 
     verb = "wrote" if out is not None else "valid"
     for m in manifests:
@@ -177,6 +178,8 @@ def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> 
         console.print(f"{verb}  {where}  [dim]{m.kind}[/]", highlight=False)
     for p in pod_placements(cluster, manifests):
         console.print(f"fits   {p.line()}", highlight=False)
+    for line in admissions(manifests):
+        console.print(f"queue  {line}", highlight=False)
     console.print(
         f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
         f"{cluster.scheduler}, checked against eksctl v0.230.0, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "

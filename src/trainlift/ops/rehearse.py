@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from trainlift.errors import UsageError
+from trainlift.render import admission
 from trainlift.render.s3_access import split_s3
 
 # Run by the job before its entrypoint: where `import trainlift` resolves on the head. Ray unpacks a job's
@@ -37,7 +38,8 @@ ORIGIN_PROBE = ("python -c \"import sys, trainlift; print('" + ORIGIN_MARK + "' 
                 "sys.exit('" + RUNTIME_RESOURCES + "' not in trainlift.__file__)\"")
 NOT_PROVEN = ("EFA and the NCCL transport", "GPU memory and speed",
               "the image's CUDA builds (torch, NCCL, flash-attn) and its Python 3.13 where another one runs here",
-              "Kubernetes scheduling and Kueue admission (node selectors, taints, hugepages, device plugins, quotas)",
+              "Kubernetes scheduling and Kueue admission on a live API server (checked on paper only: node "
+              "selectors, taints, device plugins, quotas)",
               "IAM enforcement (this environment's credentials are used; the pods' role policy is only read)")
 # What a GPU job asks of a worker that a CPU slot cannot give, and what the rehearsal asks instead. The job spec
 # lies inside the working_dir zip on S3, so these go in whatever it says (each is what `auto` means on a CPU).
@@ -68,6 +70,7 @@ class Rehearsal:
     s3_grants: tuple[tuple[str, str], ...] = field(default=())  # (action, resource pattern) of the pods' role
     rehearsed_as: tuple[str, ...] = ()  # `--set` overrides the job gets because its GPUs are CPU slots here
     image: str = ""  # what the pods run
+    queue: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # Kueue on paper: (admitted lines, problems)
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -116,7 +119,20 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
     return Rehearsal(head, workers, job["entrypoint"], runtime_env,
                      tuple(u for u in uses if str(u[1]).startswith("s3://")), _grants(eksctl),
                      ON_CPU_SLOTS if gpu_pods else (),
-                     cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("image", ""))
+                     cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("image", ""),
+                     _queue_on_paper(out_dir))
+
+
+def _queue_on_paper(out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """Render's Kueue admission check, rerun on the files as they are now (None: no ClusterQueue rendered)."""
+    bodies = [(str(f.relative_to(out_dir)), yaml.safe_load(f.read_text())) for f in sorted((out_dir / "k8s").glob("*.yaml"))]
+    queue = admission.cluster_queue(bodies)
+    if queue is None:
+        return None
+    workloads = admission.queued_workloads(bodies)
+    problems = admission.admit(queue, workloads)
+    return (tuple(admission.admission_lines(queue, workloads) + admission.unqueued_lines(bodies)),
+            tuple(p.line() for p in problems))
 
 
 def role_problems(rehearsal: Rehearsal) -> list[str]:
@@ -318,6 +334,10 @@ def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tu
     checks.append((f"the pods' S3 role covers {len(rehearsal.s3_uses)} URI(s) of the RayJob", "ok",
                    covered if rehearsal.s3_grants else "not checked: the render holds no policy of the role "
                    "(an existing role_arn)"))
+    if rehearsal.queue is not None:
+        admitted, refused = rehearsal.queue
+        checks.append(("Kueue admits what the render queues, on paper (quotas, in apply order)",
+                       "failed" if refused else "ok", "; ".join(refused or admitted)))
     return checks
 
 

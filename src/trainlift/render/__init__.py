@@ -15,6 +15,7 @@ from typing import Any, Iterable, Literal
 import yaml
 
 from trainlift.config.cluster import ClusterSpec
+from trainlift.render import admission
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import Reservations, block_active, render_eksctl
 from trainlift.render.fit import Placement, fit_problems, placements
@@ -30,7 +31,9 @@ from trainlift.render.validate import core_problems, crd_problems, eksctl_proble
 Check = Literal["eksctl", "crd", "core", "helm-values", "none"]
 MAX_LISTED = 5
 
-__all__ = ["JobInputs", "Manifest", "S3Use", "pod_placements", "render_cluster", "to_yaml", "validate_manifests"]
+__all__ = ["JobInputs", "Manifest", "S3Use", "admission", "admissions", "pod_placements", "render_cluster",
+           "render_manifests", "to_yaml",
+           "validate_manifests"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,24 @@ def render_cluster(spec: ClusterSpec, job: JobInputs | None = None, *, s3_uses: 
     manifests = render_manifests(spec, job, reservations)
     validate_manifests(manifests, spec.kubernetes_version)
     raise_problems(fit_problems(pod_placements(spec, manifests)))
+    queue, workloads = _queued(manifests)
+    if queue is not None:
+        raise_problems(admission.admit(queue, workloads))
     return manifests
+
+
+def _queued(manifests: list[Manifest]) -> tuple[admission.Queue | None, list[admission.Workload]]:
+    bodies = [(m.path, m.body) for m in manifests]
+    return admission.cluster_queue(bodies), admission.queued_workloads(bodies)
+
+
+def admissions(manifests: list[Manifest]) -> list[str]:
+    """What each workload Kueue queues takes of the ClusterQueue, admitted in apply order (none without Kueue)."""
+    queue, workloads = _queued(manifests)
+    if queue is None:
+        return []
+    admission.admit(queue, workloads)
+    return admission.admission_lines(queue, workloads) + admission.unqueued_lines([(m.path, m.body) for m in manifests])
 
 
 def pod_placements(spec: ClusterSpec, manifests: list[Manifest]) -> list[Placement]:

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from trainlift import catalog
-from trainlift.catalog.lookup import _load
+from trainlift.catalog.lookup import load_data
 from trainlift.config.cluster import ClusterSpec
 from trainlift.render.problems import Problem
 
@@ -37,7 +37,7 @@ class Amount:
 
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
-    return _load("scheduling.yaml")
+    return load_data("scheduling.yaml")
 
 
 def cpu_m(text: str | int | float) -> int:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from trainlift import catalog
+from trainlift.catalog.lookup import load_data
 from trainlift.config.cluster import ClusterSpec
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_ROLE
 from trainlift.render.queues import kuberay_values
@@ -68,8 +71,25 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
         releases.append(_release("aws-efa-k8s-device-plugin", spec.versions.efa_device_plugin, values))
     if spec.scheduler == "kueue":
         # After KubeRay: Kueue's ray.io integrations (on in the chart's defaults) need the Ray CRDs.
-        releases.append(_release("kueue", spec.versions.kueue, {"controllerManager": {"nodeSelector": dict(SYSTEM_LABELS)}}))
+        releases.append(_release("kueue", spec.versions.kueue, {
+            "controllerManager": {"nodeSelector": dict(SYSTEM_LABELS)},
+            "managerConfig": {"controllerManagerConfigYaml": kueue_configuration()}}))
     return releases
+
+
+def wait_for_pods_ready() -> dict[str, Any]:
+    """Kueue evicts an admitted workload whose pods are not all Ready by then, giving its quota back; sized to the
+    image pull and Ray's start on nodes that exist (catalog/scheduling.yaml `pods_ready`)."""
+    ready = load_data("scheduling.yaml")["pods_ready"]
+    return {"timeout": f"{(ready['image_pull_s'] + ready['ray_start_s']) // 60}m",
+            "recoveryTimeout": f"{ready['recovery_s'] // 60}m",
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600}}
+
+
+def kueue_configuration() -> str:
+    """The chart's Configuration (catalog/kueue_config.yaml) with waitForPodsReady, as the one string it takes."""
+    config = {**load_data("kueue_config.yaml"), "waitForPodsReady": wait_for_pods_ready()}
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
 
 
 def helm_install_args(release: dict[str, Any], values_file: str) -> list[str]:

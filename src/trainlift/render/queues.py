@@ -10,7 +10,7 @@ from trainlift.render import kueue, volcano
 
 
 def queue_labels(spec: ClusterSpec) -> dict[str, str]:
-    """The label that puts a RayJob (or the standing RayCluster) in the cluster's queue."""
+    """The label that puts the standing RayCluster, or a RayJob that brings its own, in the cluster's queue."""
     if spec.scheduler == "kueue":
         return {kueue.QUEUE_LABEL: kueue.queue_name(spec)}
     if spec.scheduler == "volcano":
@@ -39,11 +39,3 @@ def queue_object_path(index: int, obj: dict[str, Any]) -> str:
 
 def kuberay_values(spec: ClusterSpec) -> dict[str, Any]:
     return dict(volcano.KUBERAY_VALUES) if spec.scheduler == "volcano" else {}
-
-
-def owns_suspend(spec: ClusterSpec) -> bool:
-    """Kueue admits a RayJob by unsuspending it; its webhook rejects one that runs on an existing cluster or keeps
-    its cluster after the job (kueue pkg/controller/jobs/rayjob/rayjob_webhook.go), so a queued RayJob brings its
-    own RayCluster and deletes it at the end."""
-    return spec.scheduler == "kueue"
-

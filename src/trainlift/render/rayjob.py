@@ -17,7 +17,7 @@ from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import SYSTEM_LABELS
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
-from trainlift.render.queues import owns_suspend, placement_annotations, queue_labels
+from trainlift.render.queues import placement_annotations, queue_labels
 from trainlift.render.raycluster import MANAGED_BY, image_ref, raycluster_spec, service_account
 
 # KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
@@ -103,14 +103,16 @@ def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
 
 
 def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
-    """With shutdown_after_finish, and always under Kueue, the RayJob brings its own RayCluster and deletes it at
-    the end, and a failed attempt is retried backoff_limit times, each on a new RayCluster (KubeRay >= 1.2) that
-    resumes from the latest complete checkpoint; otherwise it runs on the RayCluster rendered from the same
-    cluster spec, which a retry would not replace, so it gets no backoffLimit."""
+    """With shutdown_after_finish the RayJob brings its own RayCluster and deletes it at the end (queued, under a
+    scheduler), and a failed attempt is retried backoff_limit times, each on a new RayCluster (KubeRay >= 1.2) that
+    resumes from the latest complete checkpoint. Otherwise it runs on the RayCluster rendered from the same cluster
+    spec (clusterSelector), which a retry would not replace, so it gets no backoffLimit; it carries no queue label:
+    the standing RayCluster is what the queue admits (Kueue neither manages nor charges a RayJob with
+    clusterSelector and no rayClusterSpec, kueue pkg/controller/jobs/rayjob/rayjob_webhook.go@v0.19.2)."""
     problems = job_problems(cluster, job)
     if problems:
         raise SpecError("; ".join(problems))
-    own_cluster = job.shutdown_after_finish or owns_suspend(cluster)
+    own_cluster = job.shutdown_after_finish
     runtime_env = job_runtime_env(job.working_dir, [job.trainlift_uri] if job.trainlift_uri else [], pip=job.pip)
     spec: dict[str, Any] = {"entrypoint": job_entrypoint(job.spec_path, job.overrides)}
     spec["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True, default_flow_style=False)
@@ -127,7 +129,7 @@ def render_rayjob(cluster: ClusterSpec, job: JobInputs) -> dict[str, Any]:
         spec["rayClusterSpec"] = raycluster_spec(cluster, placement_annotations(cluster))
     else:
         spec["clusterSelector"] = {"ray.io/cluster": cluster.name}
-    labels = {**MANAGED_BY, **queue_labels(cluster)}
+    labels = {**MANAGED_BY, **(queue_labels(cluster) if own_cluster else {})}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
