@@ -2,8 +2,11 @@
 observed through the EKS API, a run that fails part way is continued by the next one.
 
 eksctl is replaced by a small script that makes the same EKS calls against the server (tagging the
-cluster with the ClusterConfig's metadata.tags, as eksctl does). helm and kubectl are stand-ins that
-cannot reach a Kubernetes API server, so their observations are unknown and applying stops at helm.
+cluster with the ClusterConfig's metadata.tags, as eksctl does). Like eksctl it keeps a CloudFormation
+stack per node group, leaves it behind when the create fails, skips a group whose stack exists and
+deletes the stack with the group (moto cannot roll a stack back: what it leaves is CREATE_COMPLETE).
+helm and kubectl are stand-ins that cannot reach a Kubernetes API server, so their observations are
+unknown and applying stops at helm.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import os, sys, boto3, yaml
 args = sys.argv[1:]
 def opt(name):
     return args[args.index(name) + 1] if name in args else None
+if args == ["version"]:
+    sys.exit(print("0.230.0"))
 log = os.environ.get("FAKE_EKSCTL_LOG")
 if log:
     open(log, "a").write(" ".join(args) + "\\n")
@@ -51,6 +56,14 @@ if verb in ("create cluster", "create nodegroup"):
                            tags=meta.get("tags", {{}}))
     else:
         name = opt("--include")
+        cfn = boto3.client("cloudformation", region_name=meta["region"])
+        stack = "eksctl-" + meta["name"] + "-nodegroup-" + name
+        if any(s["StackName"] == stack and s["StackStatus"] != "DELETE_COMPLETE"
+               for s in cfn.list_stacks()["StackSummaries"]):
+            sys.stderr.write("1 existing nodegroup(s) (" + name + ") will be excluded\\n")
+            sys.exit(0)
+        cfn.create_stack(StackName=stack, TemplateBody='{{"Resources": {{"T": {{"Type": "AWS::SNS::Topic"}}}}}}',
+                         Tags=[{{"Key": "alpha.eksctl.io/nodegroup-name", "Value": name}}])
         if os.environ.get("FAKE_EKSCTL_FAIL") == name:
             sys.stderr.write("Error: waiting for nodegroup: AsgInstanceLaunchFailures: "
                              "InsufficientInstanceCapacity in " + name + "\\n")
@@ -62,8 +75,10 @@ if verb in ("create cluster", "create nodegroup"):
                              scalingConfig={{"minSize": ng["minSize"], "maxSize": ng["maxSize"],
                                             "desiredSize": ng["desiredCapacity"]}})
 elif verb == "delete nodegroup":
-    boto3.client("eks", region_name=opt("--region")).delete_nodegroup(clusterName=opt("--cluster"),
-                                                                       nodegroupName=opt("--name"))
+    eks, cfn = (boto3.client(s, region_name=opt("--region")) for s in ("eks", "cloudformation"))
+    if opt("--name") in eks.list_nodegroups(clusterName=opt("--cluster"))["nodegroups"]:
+        eks.delete_nodegroup(clusterName=opt("--cluster"), nodegroupName=opt("--name"))
+    cfn.delete_stack(StackName="eksctl-" + opt("--cluster") + "-nodegroup-" + opt("--name"))
 elif verb == "delete cluster":
     eks, cfn = (boto3.client(s, region_name=opt("--region")) for s in ("eks", "cloudformation"))
     if opt("--name") in eks.list_clusters()["clusters"]:
@@ -111,11 +126,14 @@ def _cli(args: list[str], env: dict[str, str], tools: Path, extra: dict[str, str
 
 
 # kubectl and helm without a reachable API server: every read fails; kubectl's writes are accepted.
+# Versions and chart lookups need no API server: they answer as the real tools do when every pin exists.
 FAKE_KUBECTL = """#!/bin/sh
+case " $* " in *" version "*) echo '{"clientVersion": {"gitVersion": "v1.36.0"}}'; exit 0;; esac
 case " $* " in *" get "*) echo 'error: You must be logged in to the server (Unauthorized)' >&2; exit 1;; esac
 exit 0
 """
 FAKE_HELM = """#!/bin/sh
+case "$1 $2" in "version --short") echo 'v3.16.2+g13654a5'; exit 0;; "show chart") echo 'apiVersion: v2'; exit 0;; esac
 echo 'Error: Kubernetes cluster unreachable: the server has asked for the client to provide credentials' >&2
 exit 1
 """
@@ -228,7 +246,13 @@ def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, on_path, monk
     plan = {s["key"]: s for s in json.loads(status.stdout)["steps"]}
     assert plan["ownership"]["observed"] == "tagged"
     assert plan["control-plane"]["action"] == "nothing" and plan["nodegroup/system-nodes"]["action"] == "nothing"
-    assert plan["nodegroup/gpu-workers"]["action"] == "create"
+    group = plan["nodegroup/gpu-workers"]
+    assert group["action"] == "create"
+    # The stack the failed create left would make eksctl skip the group: it is deleted first.
+    assert "absent; stack eksctl-ray-train-nodegroup-gpu-workers CREATE_COMPLETE" in group["observed"]
+    assert group["commands"] == [
+        "eksctl delete nodegroup --cluster ray-train --region us-west-2 --name gpu-workers --wait",
+        f"eksctl create nodegroup -f {out}/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false"]
     assert "Unauthorized" in plan["namespace"]["observed"]
     assert "Kubernetes cluster unreachable" in plan["helm/kuberay-operator"]["observed"]
 
@@ -239,7 +263,7 @@ def test_failed_up_is_continued_by_the_next_run(aws_env, tmp_path, on_path, monk
     calls = [" ".join(c.split()[:2]) + " " + (c.split("--include ")[1].split()[0] if "--include" in c else "")
              for c in log.read_text().splitlines()]
     assert calls == ["create cluster ", "create nodegroup system-nodes", "create nodegroup gpu-workers",
-                     "create nodegroup gpu-workers"]
+                     "delete nodegroup ", "create nodegroup gpu-workers"]
     assert sorted(eks.list_nodegroups(clusterName="ray-train")["nodegroups"]) == ["gpu-workers", "system-nodes"]
 
     down = cli("down", "--yes")

@@ -198,7 +198,9 @@ def test_the_json_has_what_scripts_read():
                 "usd_total", "price_source", "advice"):
         assert key in data
     assert data["fits"] is True and data["workers"] == 8 and data["gpu_gib"] == pytest.approx(22.35, abs=0.01)
-    assert data["usd_total"] == pytest.approx(data["hours"] * 9.2, rel=0.01)
+    # node start, image pull and weights staging are billed too: 5 + 6 min and the weights at 10 Gb/s
+    assert data["start_s"]["node"] == 300 and data["start_s"]["image_pull"] == 360
+    assert data["usd_total"] == pytest.approx((data["hours"] + sum(data["start_s"].values()) / 3600) * 9.2, rel=0.01)
     assert data["per_gpu_gib"]["total"] > data["per_gpu_gib"]["parameters"]
 
 

@@ -33,26 +33,34 @@ def test_the_reference_job_on_the_reference_cluster_fits_and_costs_both_node_gro
     region = yaml.safe_load((EXAMPLES / "cluster-reference.yaml").read_text()).get("region", "us-east-2")
     g6, system = catalog.on_demand_price("g6.12xlarge", region), catalog.on_demand_price("m7i.xlarge", region)
     assert data["usd_per_hour"] == pytest.approx(2 * g6.usd_per_hour + system.usd_per_hour, abs=0.01)
-    assert data["usd_total"] == pytest.approx(data["hours"] * data["usd_per_hour"], rel=0.01)
+    start_h = sum(data["start_s"].values()) / 3600
+    assert data["usd_total"] == pytest.approx((data["hours"] + start_h) * data["usd_per_hour"], rel=0.01)
+    assert data["start_s"]["model_staging"] == pytest.approx(2 * 1.54e9 * 8 / 10e9, rel=0.05)  # bf16 at 10 Gb/s
     assert data["flops_per_token"] / 1e9 == pytest.approx(10.3, abs=0.05)
     assert set(data["per_gpu_gib"]) == {"parameters", "gradients", "optimizer", "unsharded", "activations", "loss",
                                         "runtime", "total"}
 
 
 def test_an_unpriced_cluster_names_the_instance_type_it_has_no_price_for():
-    """cluster-p5.yaml's group is called h100; a price is looked up by instance type, so that is what is named."""
+    """cluster-p5.yaml's group is called h100; a price is looked up by instance type, so that is what is named, and
+    a Capacity Block group says why no on-demand price applies instead of suggesting --live."""
     result = estimate(str(EXAMPLES / "qwen2.5-1.5b-eks.yaml"), "--cluster", str(EXAMPLES / "cluster-p5.yaml"),
                       "--model-config", str(CONFIGS / "qwen2.5-1.5b.json"))
     assert result.exit_code == 0, result.output
-    assert "no price for p5.48xlarge in us-east-2 (pass --live)" in result.output and "h100" not in result.output
+    assert "p5.48xlarge: a Capacity Block is paid for when bought, at its own rate, not on demand" in result.output and "h100" not in result.output
+    data = yaml.safe_load((EXAMPLES / "cluster-p5.yaml").read_text())
+    data["workers"][0].pop("capacity_reservation_id", None)
+    data["workers"][0].pop("capacity_block", None)
 
 
 def test_a_70b_job_does_not_fit_one_p5_says_what_would_and_fits_four():
+    """The 70B example as a full fine-tune (the example itself trains LoRA adapters)."""
     spec, config = str(EXAMPLES / "llama-3.1-70b-eks.yaml"), str(CONFIGS / "llama-3.1-70b.json")
-    one = estimate(spec, "--instance", "p5.48xlarge", "--nodes", "1", "--model-config", config)
+    full = ("--set", "model.lora=null", "--model-config", config)
+    one = estimate(spec, "--instance", "p5.48xlarge", "--nodes", "1", *full)
     assert one.exit_code == 1
     assert "does not fit" in one.output and "try  " in one.output and "nodes" in one.output
-    four = estimate(spec, "--instance", "p5.48xlarge", "--nodes", "4", "--model-config", config, "--json")
+    four = estimate(spec, "--instance", "p5.48xlarge", "--nodes", "4", *full, "--json")
     data = json.loads(four.output)
     assert four.exit_code == 0 and data["fits"] and data["workers"] == 32
     assert data["usd_per_hour"] == pytest.approx(4 * catalog.on_demand_price("p5.48xlarge", "us-east-1").usd_per_hour)

@@ -68,8 +68,9 @@ def test_a_changed_raycluster_is_recreated_and_waited_for():
     plan = plan_up(SPEC, running(gpu, RayState(True, "old", "ready", True, 2)), PLACED, FILES)
     rc = step(plan, "raycluster")
     assert rc.action == "replace" and "running Ray jobs stop" in rc.note
-    assert [op.argv[3:6] for op in rc.ops] == [("-n", "ray-train", "delete"), ("apply", "--server-side",
-                                                                                "--field-manager=trainlift")]
+    assert [op.kind for op in rc.ops] == ["run", "fit", "run"]  # the fit check right before the apply
+    assert [op.argv[3:6] for op in rc.ops if op.kind == "run"] == [("-n", "ray-train", "delete"), (
+        "apply", "--server-side", "--field-manager=trainlift")]
     assert step(plan, "wait/head").action == "wait" and step(plan, "wait/workers").action == "wait"
 
 

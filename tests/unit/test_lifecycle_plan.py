@@ -124,11 +124,17 @@ def test_up_carries_the_exact_commands():
         "eksctl create cluster -f .trainlift/ray-train/eksctl.yaml --without-nodegroup"]
     assert commands(plan, "nodegroup/gpu-workers") == [
         "eksctl create nodegroup -f .trainlift/ray-train/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false"]
-    kuberay = commands(plan, "helm/kuberay-operator")[0]
+    crds, kuberay = commands(plan, "helm/kuberay-operator")
+    # Helm never upgrades a chart's crds/ folder: KubeRay's CRDs at the pinned version go first, server-side.
+    assert crds == ("helm show crds kuberay-operator --repo https://ray-project.github.io/kuberay-helm/ --version 1.7.0 "
+                    "> .trainlift/ray-train/charts/kuberay-operator-1.7.0-crds.yaml && kubectl --kubeconfig "
+                    ".trainlift/ray-train/kubeconfig apply --server-side --force-conflicts -f "
+                    ".trainlift/ray-train/charts/kuberay-operator-1.7.0-crds.yaml")
     assert kuberay.startswith("helm upgrade --install kuberay-operator kuberay-operator --repo "
                               "https://ray-project.github.io/kuberay-helm/ --version 1.7.0")
     assert "--values .trainlift/ray-train/helm/kuberay-operator.values.yaml" in kuberay and "--wait" in kuberay
     assert commands(plan, "raycluster") == [
+        "check that every Ray pod fits a node of its group, on the nodes' .status.allocatable",
         "kubectl --kubeconfig .trainlift/ray-train/kubeconfig apply --server-side --field-manager=trainlift "
         "-f .trainlift/ray-train/k8s/20-raycluster.yaml"]
     doctor = commands(plan, "doctor")[0]

@@ -53,6 +53,11 @@ def _capacity_lines(prepared) -> None:
         console.print(f"capacity  {name}: {where} ({p.blocking or p.reason})", highlight=False)
 
 
+def _scheduling_lines(prepared) -> None:
+    for line in prepared.files.scheduling:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def _unknown_lines(seen) -> None:
     if seen.assumed:
         console.print(f"[yellow]{seen.assumed}[/]: the plan is what a new cluster needs", highlight=False)
@@ -85,7 +90,7 @@ def _confirm(yes: bool, what: str) -> None:
 
 
 def _apply(prepared, plan, json_out: bool, extra: dict | None = None) -> None:
-    from trainlift.ops.lifecycle import apply
+    from trainlift.ops.lifecycle import apply, image_pull_line
 
     out = err_console if json_out else console
 
@@ -94,9 +99,12 @@ def _apply(prepared, plan, json_out: bool, extra: dict | None = None) -> None:
 
     done = apply(prepared, plan, echo=lambda line: out.print(f"    {line}", highlight=False, markup=False),
                  on_step=on_step)
+    pulled = image_pull_line(prepared.spec, prepared.files) if plan.verb == "up" else ""
     if json_out:
-        print_json({**plan.to_dict(), **(extra or {}), "applied": done})
+        print_json({**plan.to_dict(), **(extra or {}), "applied": done, **({"image_pull": pulled} if pulled else {})})
     else:
+        if pulled:
+            console.print(pulled, highlight=False, markup=False, soft_wrap=True)
         console.print(f"[green]done[/]: {len(done)} steps applied", highlight=False)
 
 
@@ -126,9 +134,11 @@ def up(
     plan = plan_up(prepared.spec, prepared.seen, prepared.placements, prepared.files, force=force)
     cost = {"cost": _cost(prepared.spec).to_dict()}
     if json_out and (dry_run or plan.blocked):
-        print_json({**plan.to_dict(), **cost, "files": prepared.written, "unknown": _unknowns(prepared.seen)})
+        print_json({**plan.to_dict(), **cost, "files": prepared.written, "unknown": _unknowns(prepared.seen),
+                    "scheduling": list(prepared.files.scheduling)})
     elif not json_out:
         _capacity_lines(prepared)
+        _scheduling_lines(prepared)
         print_plan(plan, f"cluster up {spec.name} ({spec.region})" + (" --dry-run" if dry_run else ""))
         _unknown_lines(prepared.seen)
         _cost_lines(prepared.spec)

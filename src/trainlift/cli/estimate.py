@@ -126,6 +126,9 @@ def _cluster_price(spec, live: bool):
 
     cost = cluster_cost(spec, lambda t, r: _price(t, r, True)) if live else cluster_cost(spec)
     if cost.total_usd_per_hour is None or not cost.complete:
+        blocks = [g for g in cost.groups if g.price is None and g.why_unknown]
+        if blocks:  # --live cannot help: no on-demand price applies
+            return None, f"{blocks[0].instance_type}: {blocks[0].why_unknown}"
         return None, f"no price for {', '.join(cost.unknown_types)} in {spec.region} (pass --live)"
     price = next(g.price for g in cost.groups if g.price is not None)
     return cost.total_usd_per_hour, _describe(price) + ", every node group"
@@ -169,8 +172,13 @@ def print_estimate(result) -> None:
         ok = "" if result.staging_fits else " [bold red](two do not fit)[/]"
         console.print(f"disk   {d['checkpoint_gib_per_node']:,.1f} GiB per node per checkpoint, "
                       f"{where_staged}{ok}", highlight=False)
+    if d["start_s"]:
+        start = d["start_s"]
+        console.print(f"start  {_took(sum(start.values()))} before the first step on nodes launched for the job: "
+                      f"node {_took(start['node'])}, image pull {_took(start['image_pull'])}, weights staged "
+                      f"{_took(start['model_staging'])} (assumed; catalog/estimate.yaml cold_start)", highlight=False)
     if d["usd_per_hour"] is not None:
-        total = f": ${d['usd_total']:,.2f} for the run" if d["usd_total"] is not None else ""
+        total = f": ${d['usd_total']:,.2f} for the run, its start included" if d["usd_total"] is not None else ""
         console.print(f"cost   ${d['usd_per_hour']:,.2f}/h ({d['price_source']}){total}", highlight=False)
     elif w.gpu:
         console.print(f"cost   unknown: {d['price_source']}", highlight=False)
@@ -221,3 +229,7 @@ def summary_line(result) -> str:
     if d["usd_total"] is not None:
         parts.append(f"${d['usd_total']:,.2f} at ${d['usd_per_hour']:,.2f}/h")
     return ", ".join(parts)
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, Callable, Iterable, NoReturn, TypeVar
 
 from trainlift.catalog.prices import Price
 from trainlift.cloud.aws_errors import (  # noqa: F401  (callers import CredentialsError from here)
@@ -20,7 +20,9 @@ from trainlift.cloud.aws_errors import (  # noqa: F401  (callers import Credenti
 from trainlift.cloud.capacity import (
     ACTIVE, UPCOMING, CapacityFacts, InstanceInfo, Reservation, Unknown, quota_for, reservation_from_ec2,
 )
-from trainlift.cloud.eks_state import CLUSTER_STACK, ClusterInfo, ClusterTags, NodeGroupInfo, StackInfo
+from trainlift.cloud.eks_state import (
+    CLUSTER_STACK, NODEGROUP_STACK, ClusterInfo, ClusterTags, NodeGroupInfo, StackInfo,
+)
 from trainlift.errors import TrainliftError, UsageError
 
 T = TypeVar("T")
@@ -318,24 +320,32 @@ class Aws:
 
     # --- CloudFormation stacks and cluster tags: who created a cluster, what a failed create left ---
 
-    def cluster_stack(self, cluster: str) -> StackInfo | None | Unknown:
-        """eksctl's CloudFormation stack of the control plane; None when there is none."""
+    def _stack(self, name: str) -> StackInfo | None:
         from botocore.exceptions import ClientError
 
-        name = CLUSTER_STACK.format(name=cluster)
-
-        def call() -> StackInfo | None:
-            try:
-                stacks = self.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
-            except ClientError as exc:
-                if error_code(exc) == "ValidationError" and "does not exist" in error_message(exc):
-                    return None
-                raise
-            live = [s for s in stacks if s.get("StackStatus") != "DELETE_COMPLETE"]
-            if not live:
+        try:
+            stacks = self.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+        except ClientError as exc:
+            if error_code(exc) == "ValidationError" and "does not exist" in error_message(exc):
                 return None
-            tags = {t["Key"]: t["Value"] for t in live[0].get("Tags") or []}
-            return StackInfo(name, live[0]["StackStatus"], tags)
+            raise
+        live = [s for s in stacks if s.get("StackStatus") != "DELETE_COMPLETE"]
+        if not live:
+            return None
+        tags = {t["Key"]: t["Value"] for t in live[0].get("Tags") or []}
+        return StackInfo(name, live[0]["StackStatus"], tags)
+
+    def cluster_stack(self, cluster: str) -> StackInfo | None | Unknown:
+        """eksctl's CloudFormation stack of the control plane; None when there is none."""
+        return self._optional("cloudformation:DescribeStacks",
+                              lambda: self._stack(CLUSTER_STACK.format(name=cluster)))
+
+    def nodegroup_stacks(self, cluster: str, groups: Iterable[str]) -> dict[str, StackInfo] | Unknown:
+        """eksctl's CloudFormation stacks of these node groups, by group; a group without one is left out.
+        One DescribeStacks by name per group: ListStacks would page through every stack of the region."""
+        def call() -> dict[str, StackInfo]:
+            found = {g: self._stack(NODEGROUP_STACK.format(cluster=cluster, group=g)) for g in groups}
+            return {g: stack for g, stack in found.items() if stack is not None}
         return self._optional("cloudformation:DescribeStacks", call)
 
     def cluster_tags(self, cluster: str) -> ClusterTags | None | Unknown:

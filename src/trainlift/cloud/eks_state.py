@@ -26,6 +26,9 @@ class NodeGroupInfo:
 
 
 CLUSTER_STACK = "eksctl-{name}-cluster"  # the stack `eksctl create cluster` names after the cluster
+# The stack `eksctl create nodegroup` makes for each group: makeNodeGroupStackName in eksctl's
+# pkg/cfn/manager/nodegroup.go (v0.230.0).
+NODEGROUP_STACK = "eksctl-{cluster}-nodegroup-{group}"
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class Estimate:
     mesh: Mesh | None = None
     advice: list[Advice] = field(default_factory=list)
     checkpoint_bytes: float = 0.0  # one checkpoint of the whole run
+    model_params: int = 0
 
     @property
     def fits(self) -> bool:
@@ -99,10 +100,27 @@ class Estimate:
         return self.timing.step_s * self.job.train.steps / 3600 if self.timing else None
 
     @property
+    def start_s(self) -> dict[str, float] | None:
+        """On GPU nodes launched for the job, what comes before its first step (assumptions, catalog/estimate.yaml
+        cold_start); None on this machine."""
+        if not self.workload.gpu:
+            return None
+        figures = {k: assumptions.figure("cold_start", k).value for k in ("node_start_s", "image_pull_s",
+                                                                          "staging_gbps")}
+        weights_bytes = 2 * self.model_params  # bf16, as the hub and `trainlift export` hold them
+        return {"node": figures["node_start_s"], "image_pull": figures["image_pull_s"],
+                "model_staging": weights_bytes * 8 / (figures["staging_gbps"] * 1e9)}
+
+    @property
+    def start_hours(self) -> float:
+        return sum((self.start_s or {}).values()) / 3600
+
+    @property
     def usd_total(self) -> float | None:
+        """Training and the nodes' start: both are billed."""
         if self.hours is None or self.target.usd_per_hour is None:
             return None
-        return self.hours * self.target.usd_per_hour
+        return (self.hours + self.start_hours) * self.target.usd_per_hour
 
     def to_dict(self) -> dict[str, Any]:
         t = self.timing
@@ -122,6 +140,7 @@ class Estimate:
             "step_s": _round(t and t.step_s, 4),
             "tokens_per_s_per_gpu": _round(t and t.tokens_per_s_per_gpu, 1),
             "hours": _round(self.hours, 3), "usd_per_hour": _round(self.target.usd_per_hour),
+            "start_s": {k: round(v, 1) for k, v in self.start_s.items()} if self.start_s else None,
             "usd_total": _round(self.usd_total), "price_source": self.target.price_source,
             "advice": [a.to_dict() for a in self.advice],
             "checkpoint_gib_per_node": round(self.checkpoint_bytes_per_node / GIB, 2),
@@ -188,7 +207,7 @@ def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advi
         timing = step_timing(shape, w, fabric)
     advice = _advice(job, shape, target, w) if advise and items["total"] > capacity else []
     return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice,
-                    checkpoint_bytes(shape, w.lora_params))
+                    checkpoint_bytes(shape, w.lora_params), shape.params)
 
 
 def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[Advice]:

@@ -12,6 +12,7 @@ install hint, so `status` and `--dry-run` never crash for want of a tool.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from trainlift.cloud.capacity import Unknown
 from trainlift.errors import UsageError
 from trainlift.ops.run import INSTALL, run
 from trainlift.render.eksctl import WORKER_GROUP_LABEL
+from trainlift.render.fit import cpu_m, mem_mib
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
 
 FIELD_MANAGER = "trainlift"
@@ -44,6 +46,8 @@ class Node:
     ready: bool
     gpus: int
     efa: int
+    cpu_m: int = 0  # .status.allocatable; 0: not reported
+    mem_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ def parse_nodes(text: str) -> list[Node]:
             ready=ready,
             gpus=_int(allocatable.get(GPU_RESOURCE)),
             efa=_int(allocatable.get(EFA_RESOURCE)),
+            cpu_m=cpu_m(allocatable["cpu"]) if "cpu" in allocatable else 0,
+            mem_mib=mem_mib(allocatable["memory"]) if "memory" in allocatable else 0,
         ))
     return nodes
 
@@ -155,6 +161,39 @@ def parse_raycluster(cluster_json: str | None, pods_json: str) -> RayState:
 
 
 # --- command lines (pure) --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImagePull:
+    pod: str
+    node: str
+    image: str
+    seconds: float | None  # None: the image was already on the node
+
+
+# kubelet's events (pkg/kubelet/images/image_manager.go): `Successfully pulled image "IMG" in 4m32.1s (4m32.1s
+# including waiting). Image size: N bytes.` and `Container image "IMG" already present on machine`.
+_PULLED = re.compile(r'Successfully pulled image "([^"]+)" in ([0-9hms.µ]+)')
+_PRESENT = re.compile(r'Container image "([^"]+)" already present on machine')
+
+
+def go_duration_s(text: str) -> float:
+    """A Go duration (`4m32.123s`, `1h2m`, `850ms`) in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([0-9.]+)(ms|us|µs|h|m|s)", text))
+
+
+def parse_pull_events(text: str) -> list[ImagePull]:
+    """`kubectl get events -o json`: each pod's image pull (or the image already present) from kubelet's events."""
+    pulls = []
+    for e in _items(text):
+        message, pod = e.get("message", ""), (e.get("involvedObject") or {}).get("name", "")
+        node = (e.get("source") or {}).get("host", "") or e.get("reportingInstance", "")
+        if m := _PULLED.search(message):
+            pulls.append(ImagePull(pod, node, m.group(1), go_duration_s(m.group(2))))
+        elif m := _PRESENT.search(message):
+            pulls.append(ImagePull(pod, node, m.group(1), None))
+    return pulls
+
 
 def kubectl(kubeconfig: str, *args: str) -> list[str]:
     return ["kubectl", "--kubeconfig", kubeconfig, *args]
@@ -229,6 +268,10 @@ class Kube:
         if not got.ok:
             return Unknown(f"{tool} {' '.join(args[:2])} failed: {' '.join(got.stderr.split())[-300:]}")
         return got.stdout
+
+    def image_pulls(self, namespace: str) -> list[ImagePull] | Unknown:
+        out = self._get("kubectl", ["get", "events", "-n", namespace, "--field-selector", "reason=Pulled", "-o", "json"])
+        return out if isinstance(out, Unknown) else parse_pull_events(out)
 
     def nodes(self) -> list[Node] | Unknown:
         out = self._get("kubectl", ["get", "nodes", "-o", "json"])

@@ -26,14 +26,18 @@ from trainlift.cloud.aws import Aws, CredentialsError, check_region
 from trainlift.cloud.capacity import CapacityReport, Unknown, assess
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError, TrainliftError
-from trainlift.ops import kube
+from trainlift.ops import kube, plan_kube
 from trainlift.ops.eksctl import observe_with_eksctl
 from trainlift.ops.placement import Placement, allowed_zones, place, resolve_spec
 from trainlift.ops.plan import ABSENT, BUSY, Files, Observed, Op, Plan, Step
 from trainlift.ops.steps import FORWARDED_DASHBOARD_PORT
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
+from trainlift.render.helm import render_helm_releases
+from trainlift.ops.pins import VERSION_ARGS, show_chart_args, tool_version
 from trainlift.ops.run import Background, check
+from trainlift.render.eksctl import SYSTEM_GROUP
+from trainlift.ops.run import run as run_command
 
 DEFAULT_ROOT = ".trainlift"
 POLL_S = 15.0
@@ -102,6 +106,50 @@ def tools_on_path() -> dict[str, bool]:
     return {tool: shutil.which(tool) is not None for tool in TOOLS}
 
 
+def observe_pins(spec: ClusterSpec, seen: Observed) -> dict:
+    """The tools' versions, and whether each pinned chart version exists (`helm show chart`; no cluster needed)."""
+    found = seen.tools or {}
+    versions = {}
+    for tool, args in VERSION_ARGS.items():
+        if found.get(tool):
+            result = run_command([tool, *args], timeout=30)
+            versions[tool] = tool_version(tool, result.stdout) if result.returncode == 0 else None
+    if not found.get("helm"):
+        return {"tool_versions": versions}
+    charts, unknown = {}, {}
+    for release in render_helm_releases(spec):
+        result = run_command(show_chart_args(release), timeout=60)
+        said = _last_line(result.stderr)
+        if result.returncode == 0:
+            charts[release["name"]] = ""
+        elif "not found" in said:
+            charts[release["name"]] = said
+        else:
+            unknown["charts"] = f"{release['name']}: {said or 'helm timed out'}"
+    if unknown:
+        return {"tool_versions": versions, "unknown": {**seen.unknown, **unknown}}
+    return {"tool_versions": versions, "charts": charts}
+
+
+def image_pull_line(spec: ClusterSpec, files: Files) -> str:
+    """How long each Ray pod's node took to pull the image, from kubelet's events (kept about an hour)."""
+    pulls = kube.Kube(files.kubeconfig).image_pulls(spec.namespace)
+    if isinstance(pulls, Unknown):
+        return f"image pull time: unknown ({pulls.reason})"
+    timed = sorted((p for p in pulls if p.seconds is not None), key=lambda p: -p.seconds)
+    if not pulls:
+        return "image pull time: no pull events (kubelet keeps them about an hour)"
+    parts = [f"{int(p.seconds // 60)}m{p.seconds % 60:02.0f}s on {p.node or p.pod}" for p in timed]
+    present = len(pulls) - len(timed)
+    return ("image pull: " + (", ".join(parts) or "none pulled") + (f"; already on {present} node(s)" if present else "")
+            + f" ({pulls[0].image}, from kubelet's events)")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
     """The control plane stack eksctl left, and the tags that say who created the cluster."""
     out: dict = {"unknown": {}}
@@ -118,6 +166,16 @@ def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
     elif out.get("stack") is not None:
         out["tags"] = out["stack"].tags
     return out
+
+
+def _observe_group_stacks(spec: ClusterSpec, groups: dict, aws: Aws) -> dict:
+    """eksctl's stack of each group of the spec that EKS does not list: a stack a failed create left makes
+    `eksctl create nodegroup` skip the group."""
+    absent = [name for name in (SYSTEM_GROUP, *(w.name for w in spec.workers)) if name not in groups]
+    found = aws.nodegroup_stacks(spec.name, absent) if absent else {}
+    if isinstance(found, Unknown):
+        return {"unknown": {"nodegroup-stacks": found.reason}}
+    return {"nodegroup_stacks": found, "unknown": {}}
 
 
 def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
@@ -143,6 +201,8 @@ def _observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     if isinstance(groups, Unknown):
         unknown["eks"] = groups.reason
         groups = None
+    stacks = _observe_group_stacks(spec, groups, aws) if groups is not None else {"unknown": {}}
+    unknown.update(stacks.pop("unknown"))
     fields: dict = {}
     if info.status in ("ACTIVE", "UPDATING") and info.endpoint and info.ca_data:
         _write_kubeconfig(spec, info, files)
@@ -152,7 +212,7 @@ def _observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
         unknown["kubernetes"] = "the API server's endpoint is unknown (eks:DescribeCluster was not readable)"
     else:
         unknown["kubernetes"] = f"the control plane is {info.status}"
-    return Observed(info.status, groups, unknown=unknown, **fields)
+    return Observed(info.status, groups, unknown=unknown, **stacks, **fields)
 
 
 # --- prepare -------------------------------------------------------------------------------------
@@ -174,11 +234,14 @@ def _capacity(spec: ClusterSpec, seen: Observed, aws: Aws) -> tuple[dict[str, Ca
 
 
 def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None = None) -> tuple[Files, list[str]]:
-    from trainlift.render import render_cluster
+    from trainlift.render import admissions, pod_placements, render_cluster
 
     manifests, written = [], []
     digest, account = "", False
-    for m in render_cluster(spec, reservations=reservations):
+    rendered = render_cluster(spec, reservations=reservations)
+    scheduling = tuple([f"fits   {p.line()}" for p in pod_placements(spec, rendered)]
+                       + [f"queue  {line}" for line in admissions(rendered)])
+    for m in rendered:
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)
             body = json.loads(json.dumps(m.body))
@@ -192,7 +255,7 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(m.text())
             written.append(str(target))
-    return Files(root, digest, account), written
+    return Files(root, digest, account, scheduling), written
 
 
 def _render_or_nothing(spec: ClusterSpec, root: str, write: bool, tolerate: bool,
@@ -213,7 +276,7 @@ def _without_credentials(spec: ClusterSpec, root: str, write: bool, aws: Aws, wh
     placements = {name: replace(p, reason=f"{p.reason}: {why}") for name, p in place(spec, {}, None).items()}
     resolved = resolve_spec(spec, placements, list(spec.availability_zones), None)
     files, written = _render_or_nothing(resolved, root, write, tolerate=True)
-    return Prepared(resolved, seen, {}, placements, files, written, aws)
+    return Prepared(resolved, replace(seen, **observe_pins(spec, seen)), {}, placements, files, written, aws)
 
 
 def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws: Aws | None = None,
@@ -247,7 +310,7 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
     # What EC2 says about each reservation: render checks the group against it, and a Capacity Block not yet
     # active keeps its group at 0 nodes.
     seen = replace(seen, reservations={w.capacity_reservation_id: aws.reservation(w.capacity_reservation_id)
-                                       for w in spec.workers if w.capacity_reservation_id})
+                                       for w in spec.workers if w.capacity_reservation_id}, **observe_pins(spec, seen))
     files, written = _render_or_nothing(resolved, root, write, any(p.blocking for p in placements.values()),
                                         seen.reservations)
     return Prepared(resolved, seen, reports, placements, files, written, aws)
@@ -270,6 +333,12 @@ def _satisfied(until: str, spec: ClusterSpec, files: Files, aws: Aws) -> tuple[b
         if isinstance(stack, Unknown):
             return False, stack.reason
         return stack is None, stack.status if stack else ABSENT
+    if what.startswith("nodegroup-stack/"):
+        group = what.split("/", 1)[1]
+        stacks = aws.nodegroup_stacks(spec.name, [group])
+        if isinstance(stacks, Unknown):
+            return False, stacks.reason
+        return group not in stacks, stacks[group].status if group in stacks else ABSENT
     if what == "control-plane":
         info = aws.cluster(spec.name)
         status = info.status if info else ABSENT
@@ -368,6 +437,17 @@ def _apply_op(op: Op, spec: ClusterSpec, files: Files, aws: Aws, echo: Callable[
     elif op.kind == "adopt":
         if _needs_adopting(op, files):
             check(list(op.argv), RUN_TIMEOUT_S, echo=echo)
+    elif op.kind == "fit":
+        nodes = kube.Kube(files.kubeconfig).nodes()
+        problems = [] if isinstance(nodes, Unknown) else plan_kube.live_fit_problems(spec, nodes)
+        if problems:
+            raise TrainliftError("; ".join(problems), hint="choose a larger instance type, or lower the pod's "
+                                 "requests; `kubectl describe node` shows allocatable and what runs there")
+    elif op.kind == "crds":
+        crds = check(list(op.argv), RUN_TIMEOUT_S, attempts=3)
+        Path(op.until).parent.mkdir(parents=True, exist_ok=True)
+        Path(op.until).write_text(crds.stdout)
+        check(list(op.then), RUN_TIMEOUT_S, echo=echo, attempts=3)
     else:
         # eksctl creations are not safe to repeat blindly; the next `up` re-observes instead.
         attempts = 1 if op.argv[0] == "eksctl" else 3

@@ -18,7 +18,8 @@ from trainlift.config.cluster import ClusterSpec
 from trainlift.ops import eksctl, kube, plan_kube
 from trainlift.ops.drift import GroupWant, nodegroup_drift
 from trainlift.ops.placement import Placement
-from trainlift.ops.preflight import ownership_step, tools_step
+from trainlift.ops.pins import pins_step
+from trainlift.ops.preflight import ownership_step, tools_needed, tools_step
 from trainlift.ops.run import display
 from trainlift.ops.steps import ABSENT, BUSY, Files, Observed, Op, Plan, Step, aws_wait, waiting_for_block
 from trainlift.ops.steps import run_op as _run
@@ -103,12 +104,45 @@ def _nodegroup_up(spec: ClusterSpec, seen: Observed, want: GroupWant, files: Fil
     group = None if seen.nodegroups is None else seen.nodegroups.get(want.name)
     if group is not None:
         return _group_exists(spec, want, group, title)
-    observed = "absent" if seen.absent or seen.nodegroups is not None else (
-        seen.why("eks") + "; eksctl skips a node group that exists")
+    stack = seen.nodegroup_stacks.get(want.name)
+    if stack is not None:
+        first = _group_stack_first(spec, want.name, stack, key, title)
+    else:
+        observed = "absent" if seen.absent or seen.nodegroups is not None else (
+            seen.why("eks") + "; eksctl skips a node group that exists")
+        if seen.nodegroups is not None and "nodegroup-stacks" in seen.unknown:
+            observed += f"; stack unknown ({seen.unknown['nodegroup-stacks']})"
+        first = Step(key, title, observed, "create")
+    if first.action == "blocked":
+        return replace(first, observed=first.observed + where)
     if placement is not None and placement.blocking:
-        return Step(key, title, observed + where, "blocked", note=placement.blocking, fix=placement.fix)
-    return Step(key, title, observed + where, "create",
-                (_run(eksctl.create_nodegroup(files.path("eksctl.yaml"), want.name)),))
+        return Step(key, title, first.observed + where, "blocked", note=placement.blocking, fix=placement.fix)
+    create = _run(eksctl.create_nodegroup(files.path("eksctl.yaml"), want.name))
+    return replace(first, observed=first.observed + where, ops=first.ops + (create,))
+
+
+def _group_stack_first(spec: ClusterSpec, name: str, stack: StackInfo, key: str, title: str) -> Step:
+    """A node group EKS does not list, with a stack: what must happen to the stack before the create, since
+    `eksctl create nodegroup` skips a group whose stack exists."""
+    observed = f"absent; {_stack_text(stack)}"
+    if stack.status == "DELETE_IN_PROGRESS":
+        return Step(key, title, observed, "create", (_wait(f"nodegroup-stack/{name}=absent", [
+            "aws", "cloudformation", "wait", "stack-delete-complete", "--stack-name", stack.name,
+            "--region", spec.region]),))
+    if stack.status.endswith("_IN_PROGRESS"):
+        return Step(key, title, observed, "blocked",
+                    note="eksctl is still working on this node group's stack; run up again once it has settled")
+    if stack.status == "DELETE_FAILED":
+        # eksctl lists no DELETE_FAILED node group stack: its delete goes to EKS (no such group) and its create
+        # to CloudFormation (the name is taken); pkg/cfn/manager/nodegroup.go, ListNodeGroupStacks (v0.230.0).
+        return Step(key, title, observed, "blocked",
+                    note="the stack's delete failed, and eksctl neither deletes nor replaces such a stack: delete "
+                         "it once the resource its events name is free",
+                    fix=display(["aws", "cloudformation", "delete-stack", "--stack-name", stack.name,
+                                 "--region", spec.region]) + "  (then run up again)")
+    return Step(key, title, observed + " (left by a failed create)", "create",
+                (_run(eksctl.delete_nodegroup(spec.name, spec.region, name)),),
+                note="the stack is deleted first: eksctl skips a node group whose stack exists")
 
 
 def _wants(spec: ClusterSpec, seen: Observed) -> list[GroupWant]:
@@ -123,7 +157,7 @@ def _wants(spec: ClusterSpec, seen: Observed) -> list[GroupWant]:
 def _assumed(steps: list[Step], seen: Observed) -> list[Step]:
     if not seen.assumed:
         return steps
-    return [replace(s, observed=f"not looked up, planned as {s.observed}") if s.key not in ("tools", "ownership")
+    return [replace(s, observed=f"not looked up, planned as {s.observed}") if s.key not in ("tools", "pins", "ownership")
             else s for s in steps]
 
 
@@ -149,6 +183,7 @@ def plan_up(spec: ClusterSpec, seen: Observed, placements: dict[str, Placement],
     steps += plan_kube.waits_up(spec, seen, files, replaced=steps[-1].action == "replace")
     steps.append(Step("doctor", "trainlift doctor on every Ray node", "runs after every up", "check",
                       (plan_kube.doctor_op(spec, files),)))
+    steps.insert(0, pins_step(spec, seen, list(releases.values()), tools_needed(steps)))
     steps.insert(0, tools_step(steps, seen))
     return Plan("up", spec.name, spec.region, tuple(_assumed(steps, seen)))
 

@@ -18,10 +18,13 @@ from trainlift.ops.steps import DASHBOARD_PORT, FORWARDED_DASHBOARD_PORT, Files,
 from trainlift.ops.steps import run_op as _run
 from trainlift.ops.steps import waiting_for_block
 from trainlift.ops.steps import wait_op as _wait
-from trainlift.render.eksctl import WORKER_GROUP_LABEL
-from trainlift.render.helm import helm_install_args
+from trainlift.render import fit
+from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL
+from trainlift.render.fit import Amount
+from trainlift.ops.pins import crds_folder_charts
+from trainlift.render.helm import chart_source, helm_install_args
 from trainlift.render.queues import queue_object_path, queue_objects
-from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
+from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE, raycluster_spec
 
 PLUGIN_NAMESPACE = "kube-system"
 # eksctl's own NVIDIA DaemonSet (eksctl pkg/addons/assets/nvidia-device-plugin.yaml).
@@ -87,7 +90,19 @@ def release_up(seen: Observed, files: Files, release: dict[str, Any]) -> Step:
     observed, current = _release_state(seen, release)
     if current:
         return Step(f"helm/{release['name']}", title, observed, "nothing")
-    return Step(f"helm/{release['name']}", title, observed, "install", (_helm_op(files, release, wait=True),))
+    if release["name"] not in crds_folder_charts():
+        return Step(f"helm/{release['name']}", title, observed, "install", (_helm_op(files, release, wait=True),))
+    return Step(f"helm/{release['name']}", title, observed, "install",
+                (_crd_op(files, release), _helm_op(files, release, wait=True)),
+                note="its CRDs are applied server-side first: Helm never upgrades a chart's crds/ folder")
+
+
+def _crd_op(files: Files, release: dict[str, Any]) -> Op:
+    """The chart's CRDs at its pinned version, applied server-side (new fields kept on an upgrade)."""
+    into = files.path(f"charts/{release['name']}-{release['version']}-crds.yaml")
+    show = ("helm", "show", "crds", *chart_source(release), "--version", release["version"])
+    return Op("crds", show, until=into,
+              then=tuple(kube.kubectl(files.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", into)))
 
 
 kuberay_up = release_up
@@ -153,19 +168,36 @@ def service_account_up(spec: ClusterSpec, seen: Observed, files: Files) -> list[
                  (_run(eksctl.create_service_accounts(files.path("eksctl.yaml"))),))]
 
 
+def live_fit_problems(spec: ClusterSpec, nodes: tuple[kube.Node, ...] | list[kube.Node] | None) -> list[str]:
+    """Render's scheduling check again, on the nodes' real allocatable where they have joined."""
+    by_group: dict[str, list[tuple[str, Amount]]] = {}
+    for n in nodes or ():
+        if n.cpu_m:
+            group = "system" if n.role == SYSTEM_LABELS["role"] else n.group
+            by_group.setdefault(group or "", []).append((n.name, Amount(n.cpu_m, n.mem_mib)))
+    return fit.live_fit_problems(spec, fit.placements(spec, raycluster_spec(spec)), by_group)
+
+
+FIT_OP = Op("fit", until="every Ray pod fits a node of its group, on the nodes' .status.allocatable")
+
+
 def raycluster_up(spec: ClusterSpec, seen: Observed, files: Files) -> Step:
     title = f"RayCluster {spec.namespace}/{spec.name} (server-side apply)"
-    apply_op = _run(kube.apply(files.kubeconfig, files.path("k8s/20-raycluster.yaml")))
     rc = seen.raycluster
+    if problems := live_fit_problems(spec, seen.nodes):
+        return Step("raycluster", title, "the nodes' allocatable is smaller than render's figures", "blocked",
+                    note="; ".join(problems), fix="choose a larger instance type, or lower the pod's requests "
+                    "(then run up again); `kubectl describe node` shows allocatable and what runs there")
+    apply_op = (FIT_OP, _run(kube.apply(files.kubeconfig, files.path("k8s/20-raycluster.yaml"))))
     if seen.absent or (rc is not None and not rc.exists):
-        return Step("raycluster", title, "absent", "apply", (apply_op,))
+        return Step("raycluster", title, "absent", "apply", apply_op)
     if rc is None:
-        return Step("raycluster", title, seen.why("kubernetes"), "apply", (apply_op,))
+        return Step("raycluster", title, seen.why("kubernetes"), "apply", apply_op)
     if rc.spec_hash == files.raycluster_hash:
         return Step("raycluster", title, f"exists, spec unchanged (state {rc.state or 'unknown'})", "nothing")
     delete = _run(kube.kubectl(files.kubeconfig, "-n", spec.namespace, "delete", "raycluster", spec.name,
                                "--ignore-not-found", "--wait=true", "--timeout=10m"))
-    return Step("raycluster", title, "exists with a different spec", "replace", (delete, apply_op),
+    return Step("raycluster", title, "exists with a different spec", "replace", (delete, *apply_op),
                 note="KubeRay keeps running pods on a spec change: the RayCluster is re-created; running Ray jobs stop")
 
 

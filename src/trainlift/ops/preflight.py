@@ -22,8 +22,8 @@ def tools_needed(steps: list[Step]) -> list[str]:
     needed: set[str] = set()
     for step in steps:
         for op in step.ops:
-            if op.kind == "run" and op.argv:
-                needed.add(op.argv[0])
+            if op.kind in ("run", "crds") and op.argv:
+                needed.update(cmd[0] for cmd in (op.argv, op.then) if cmd)
             elif op.kind in ("adopt", "doctor") or (op.kind == "wait" and op.until.startswith(KUBE_WAITS)):
                 needed.add("kubectl")
     if "kubectl" in needed:

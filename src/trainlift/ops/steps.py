@@ -31,9 +31,13 @@ class Observed:
     secrets: frozenset[str] | None = None
     raycluster: RayState | None = None
     tools: dict[str, bool] | None = None  # tool -> found on PATH
+    tool_versions: dict[str, str | None] | None = None  # tool -> the x.y.z it reports (None: could not tell)
+    charts: dict[str, str] | None = None  # Helm release -> "" when its pinned chart version exists, else Helm's error
     tags: dict[str, str] | None = None  # the cluster's tags, or its stack's when only the stack exists
     cluster_arn: str = ""
     stack: StackInfo | None = None  # eksctl's control plane stack; None: none (or unknown, see `unknown`)
+    # eksctl's stack of each node group EKS does not list; a group without one is left out (unknown: see `unknown`)
+    nodegroup_stacks: dict[str, StackInfo] = field(default_factory=dict)
     daemonsets: dict[str, str] | None = None  # kube-system DaemonSet -> the Helm release owning it, or ""
     assumed: str = ""  # why nothing was looked up (a dry run without credentials plans as if nothing exists)
     reservations: dict = field(default_factory=dict)  # capacity reservation id -> Reservation or Unknown (EC2's)
@@ -55,10 +59,13 @@ class Observed:
 @dataclass(frozen=True)
 class Op:
     kind: str  # run | wait | doctor | adopt (run argv only if `until` holds at apply time) | tag (arn, key=value)
+    # | crds (argv's output written to the file `until`, then `then` applies that file) | fit (render's scheduling
+    # check on the joined nodes' allocatable)
     argv: tuple[str, ...] = ()
     until: str = ""  # for waits: what must hold, e.g. control-plane=ACTIVE; for adopt: kind/namespace/name=release
     timeout_s: int = 1800
     background: tuple[str, ...] = ()  # for doctor: the port-forward it needs
+    then: tuple[str, ...] = ()  # for crds
 
     def text(self) -> str:
         if self.kind == "wait":
@@ -68,6 +75,10 @@ class Op:
             return f"if {what} exists and Helm release {release} does not own it: {display(self.argv)}"
         if self.kind == "tag":
             return f"aws eks tag-resource --resource-arn {self.argv[0]} --tags {self.argv[1]}"
+        if self.kind == "fit":
+            return f"check that {self.until}"
+        if self.kind == "crds":
+            return f"{display(self.argv)} > {self.until} && {display(self.then)}"
         if self.background:
             return f"{display(self.background)} &  {display(self.argv)}"
         return display(self.argv)
@@ -91,6 +102,7 @@ class Files:
     root: str
     raycluster_hash: str = ""
     service_account_file: bool = False
+    scheduling: tuple[str, ...] = ()  # render's placements and Kueue admissions, a line each
 
     def path(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}"

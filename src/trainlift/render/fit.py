@@ -152,3 +152,24 @@ def fit_problems(found: list[Placement]) -> list[Problem]:
             "and what lands there first",
             hint=f"choose a larger instance type for {p.group}, or lower what the pod requests"))
     return problems
+
+
+def live_fit_problems(spec: ClusterSpec, found: list[Placement],
+                      nodes: dict[str, list[tuple[str, Amount]]]) -> list[str]:
+    """The same pods against the nodes' real `.status.allocatable` (group -> [(node, allocatable)]): each worker
+    group needs a node per pod it places, the head one system node. A group with no nodes yet is not judged."""
+    problems = []
+    for p in found:
+        mine = nodes.get(p.group, [])
+        if not mine:
+            continue
+        first = sum(landed_first(spec, system=p.group == "system").values(), Amount(0, 0))
+        rooms = [(name, alloc - first) for name, alloc in mine]
+        fitting = [n for n, left in rooms if p.need.cpu_m <= left.cpu_m and p.need.mem_mib <= left.mem_mib]
+        wanted = 1 if p.group == "system" else next(w.count for w in spec.workers if w.name == p.group)
+        if len(fitting) < min(wanted, len(mine)):
+            name, left = max(rooms, key=lambda r: (r[1].cpu_m, r[1].mem_mib))
+            problems.append(f"the {p.pod} pod fits {len(fitting)} of {len(mine)} {p.instance_type} node(s) as they "
+                            f"are: it requests {p.need.text()}; {name} has {left.text()} left of its allocatable "
+                            "after what lands there first")
+    return problems

@@ -92,14 +92,17 @@ def kueue_configuration() -> str:
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
 
 
+def chart_source(release: dict[str, Any]) -> list[str]:
+    """How Helm names the release's chart: an OCI chart by its URL, others by name and --repo."""
+    if release["repo"].startswith("oci://"):
+        return [f"{release['repo'].rstrip('/')}/{release['chart']}"]
+    return [release["chart"], "--repo", release["repo"]]
+
+
 def helm_install_args(release: dict[str, Any], values_file: str) -> list[str]:
     """The idempotent `helm upgrade --install` argv for a rendered release (an OCI chart is named by its URL)."""
-    if release["repo"].startswith("oci://"):
-        source = [f"{release['repo'].rstrip('/')}/{release['chart']}"]
-    else:
-        source = [release["chart"], "--repo", release["repo"]]
     args = [
-        "helm", "upgrade", "--install", release["name"], *source,
+        "helm", "upgrade", "--install", release["name"], *chart_source(release),
         "--version", release["version"],
         "--namespace", release["namespace"], "--values", values_file,
     ]
