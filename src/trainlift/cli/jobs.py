@@ -130,6 +130,9 @@ def submit(
         "and its pods must get the job's MLflow credentials (checked before anything is uploaded)."),
     force: bool = typer.Option(False, "--force", help="Submit even when the estimate says the job does not fit "
                                "the --cluster's GPUs."),
+    cluster_dir: Optional[Path] = typer.Option(
+        None, "--dir", help="With --cluster and no --address: where `cluster up` wrote the cluster's kubeconfig "
+        "(default .trainlift/<name>/); the head is reached through kubectl port-forward for as long as submit runs."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Ray's own lines: the SDK's while "
                                  "uploading, the job's workers' while following (all are in the job's log)."),
     json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
@@ -143,16 +146,39 @@ def submit(
     active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
     from trainlift.cli.estimate import check_fits_cluster
-    from trainlift.ops import jobs, localray, ray_output
+    from trainlift.ops import jobs
 
     env_vars = jobs.parse_env(env, os.environ)
     overrides = list(set_)
     spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
-    lock = None
+    lock, cluster_spec = None, None
     if cluster is not None:
-        lock = _check_cluster_serves(cluster, spec)
+        cluster_spec, lock = _check_cluster_serves(cluster, spec)
         check_fits_cluster(spec, spec_file, cluster, force, json_out)
-    address = jobs.resolve_address(address)
+    with _head(cluster_spec, cluster_dir, address, json_out) as forwarded:
+        _submit(spec, spec_path, plan, overrides, lock, jobs.resolve_address(forwarded or address), pip, env_vars,
+                submission_id, follow, json_out, verbose)
+
+
+def _head(cluster_spec, cluster_dir: Path | None, address: str | None, quiet: bool):
+    """The forwarded head of the --cluster's RayCluster when no address was given; else nothing to do."""
+    from contextlib import nullcontext
+
+    from trainlift.ops.forward import head_dashboard
+
+    if cluster_spec is None or address or os.environ.get("RAY_ADDRESS"):
+        return nullcontext(None)
+    root = cluster_dir or Path(".trainlift") / cluster_spec.name
+    if not quiet:
+        err_console.print(f"reaching the head of {cluster_spec.name} through kubectl port-forward "
+                          f"svc/{cluster_spec.name}-head-svc ({root / 'kubeconfig'})", highlight=False)
+    return head_dashboard(root / "kubeconfig", cluster_spec.namespace, cluster_spec.name)
+
+
+def _submit(spec, spec_path: Path, plan, overrides: list[str], lock, address: str, pip: list[str], env_vars: dict,
+            submission_id: str | None, follow: bool, json_out: bool, verbose: bool) -> None:
+    from trainlift.ops import jobs, localray, ray_output
+
     job_pip = _job_pip(spec, lock, address)
     if not spec.is_remote_storage and not localray.is_loopback(address):
         err_console.print(f"[yellow]warning:[/] run.storage {spec.run.storage!r} is a local path; a multi-node "
@@ -210,7 +236,7 @@ def _job_pip(spec, lock, address: str) -> list[str]:
 
 def _check_cluster_serves(cluster_file: Path, spec):
     """One line (exit 2) when the cluster's pods could not read the data or write the run under their S3 role,
-    or lack the MLflow credentials the job names. Returns the locked package set of the cluster's image."""
+    or lack the MLflow credentials the job names. Returns the cluster spec and the locked package set of its image."""
     from trainlift.catalog.packages import image_lock
     from trainlift.cli.cluster import load_cluster_spec
     from trainlift.render.job_secrets import mlflow_secret_problems
@@ -219,7 +245,7 @@ def _check_cluster_serves(cluster_file: Path, spec):
 
     cluster_spec = load_cluster_spec(cluster_file)
     raise_problems(s3_access_problems(cluster_spec, job_s3_uses(spec)) + mlflow_secret_problems(cluster_spec, spec))
-    return image_lock(cluster_spec.image.uri)
+    return cluster_spec, image_lock(cluster_spec.image.uri)
 
 
 @jobs_app.command("list")

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -34,6 +33,7 @@ from trainlift.ops.steps import FORWARDED_DASHBOARD_PORT
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.render.helm import render_helm_releases
+from trainlift.ops.forward import wait_for_port
 from trainlift.ops.pins import VERSION_ARGS, show_chart_args, tool_version
 from trainlift.ops.run import Background, check
 from trainlift.render.eksctl import SYSTEM_GROUP
@@ -390,15 +390,7 @@ def wait_for(op: Op, spec: ClusterSpec, files: Files, aws: Aws, poll_s: float = 
 
 def _doctor(op: Op, echo: Callable[[str], None]) -> None:
     with Background(op.background) as forward:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", FORWARDED_DASHBOARD_PORT), timeout=2).close()
-                break
-            except OSError:
-                if not forward.alive() or time.monotonic() > deadline:
-                    raise TrainliftError(f"port-forward to the Ray head failed: {forward.stop().strip()[-300:]}")
-                time.sleep(1)
+        wait_for_port(forward, FORWARDED_DASHBOARD_PORT)
         check([sys.executable, "-m", "trainlift", *op.argv[1:]], op.timeout_s, attempts=1, echo=echo)
 
 
