@@ -51,7 +51,7 @@ class Advice:
     per_gpu_bytes: float
     fits: bool
     usd_per_hour: float | None
-    hours: float | None
+    hours: float | None  # billed: training and the nodes' start
 
     def to_dict(self) -> dict[str, Any]:
         return {"change": self.change, "per_gpu_gib": round(self.per_gpu_bytes / GIB, 2), "fits": self.fits,
@@ -229,7 +229,8 @@ def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> lis
     results = []
     for change, where, workload in options:
         e = _estimate(job, shape, where, workload, advise=False)
-        results.append(Advice(change, e.items["total"], e.fits, where.usd_per_hour, e.hours))
+        hours = None if e.hours is None else e.hours + e.start_hours  # what the option bills, its start included
+        results.append(Advice(change, e.items["total"], e.fits, where.usd_per_hour, hours))
     fitting = [a for a in results if a.fits]
     return sorted(fitting or results, key=lambda a: (a.hours is None, (a.hours or 0) * (a.usd_per_hour or 0),
                                                      a.per_gpu_bytes))
