@@ -17,6 +17,9 @@ Stages, each fault-isolated (a failing stage records its error and traceback; th
                 to run storage that ray.train.report makes, mark_complete and prune
   nccl          a 256 MiB all-reduce through the same process group, NCCL_DEBUG=INFO to a file, that file
                 classified by trainlift.doctor.nccl_log
+  packed        every attention kernel that loads here (flash_attention_2, flex_attention, sdpa) at head_dim 128
+                on a micro-batch of two packed rows, through the recipe's model inputs: logits against each
+                example run alone, and one backward (flex's needs ~131 KB of shared memory a block)
 
 With --smoke: CPU, gloo, fp32, the tiny Qwen2 config of bench/gpu_mfu.py for stages 3-5, 3 recipe steps,
 the compile combinations traced by Dynamo with the eager backend, a 64 KiB all-reduce.
@@ -52,7 +55,7 @@ STARTED = time.monotonic()
 REPO = bl.REPO
 DEMO_SPEC = REPO / bl.DEMO_SPEC
 TOKENIZER = REPO / "examples" / "tiny" / "tokenizer"
-STAGES = ("doctor", "tiny_recipe", "qwen15b", "qwen15b_lora", "checkpoint", "nccl")
+STAGES = ("doctor", "tiny_recipe", "qwen15b", "qwen15b_lora", "checkpoint", "nccl", "packed")
 LORA = {"r": 16, "target_modules": "all-linear"}
 NCCL_LOG = "nccl_debug.log"
 LOG_HEAD_LINES = 40
@@ -584,6 +587,76 @@ def stage_nccl(ctx: Pass) -> dict:
             "verdict": classify_log_text(text, source=log.name).to_dict()}
 
 
+PACKED_ROWS = ((700, 300, 1048), (1024, 1024))  # two rows of 2,048 tokens, packed differently
+PACKED_TOLERANCE = {"bf16": 0.05, "fp32": 1e-4}  # max |logit difference| packed against alone
+
+
+def stage_packed(ctx: Pass) -> dict:
+    """Each kernel keeps the examples of a two-row micro-batch apart, as `loss.model_inputs` hands them over."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from trainlift.train.model.build import flash_attn_usable
+    from trainlift.train.model.loss import model_inputs
+
+    rows = PACKED_ROWS if not ctx.smoke else ((10, 5, 9), (4, 20))
+    config = Qwen2Config(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=4096)  # head_dim 128, as Qwen2.5's
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
+    kernels = (["flash_attention_2"] if ctx.device.type == "cuda" and flash_attn_usable() else []) + [
+        "flex_attention", "sdpa"]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (len(rows), sum(rows[0])), generator=generator).to(ctx.device)
+    positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in rows]).to(ctx.device)
+    batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
+    results = {}
+    for kernel in kernels:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=kernel,
+                                                 dtype=dtype).to(ctx.device)
+        try:
+            with torch.no_grad():
+                packed = logits_for(model, batch, model_inputs)
+                worst = 0.0
+                for r, row in enumerate(rows):
+                    start = 0
+                    for n in row:
+                        part = slice(start, start + n)
+                        alone = logits_for(model, {k: v[r:r + 1, part] for k, v in batch.items()}, model_inputs)
+                        worst = max(worst, (packed[r, part] - alone[0]).abs().max().item())
+                        start += n
+            results[kernel] = {"max_abs_diff": worst, "kept_apart": worst <= PACKED_TOLERANCE[ctx.dtype],
+                               "error": None, "backward": backward_runs(model, batch, model_inputs, ctx)}
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails here is the finding
+            results[kernel] = {"error": error_text(exc), "kept_apart": None, "backward": None}
+        del model
+        free_memory(ctx.device)
+    return {"rows": [list(r) for r in rows], "head_dim": 128, "kernels": results}
+
+
+def backward_runs(model, batch: dict, model_inputs, ctx: Pass) -> bool | str | None:
+    """True, or the error of the kernel's backward; None where it is not tried (flex has none on a CPU)."""
+    if ctx.device.type != "cuda" and model.config._attn_implementation == "flex_attention":
+        return None
+    try:
+        inputs, _ = model_inputs(model, batch)
+        model(**inputs).logits.float().mean().backward()
+        return True
+    except Exception as exc:  # noqa: BLE001 - flex's shared-memory limit on sm_86/89 is the finding
+        return error_text(exc)
+
+
+def logits_for(model, batch: dict, model_inputs) -> "torch.Tensor":
+    """Logits per row of `batch`, given the model the recipe's inputs (which may flatten the rows into one)."""
+    inputs, _ = model_inputs(model, batch)
+    out = model(**inputs).logits.float()
+    size = batch["input_ids"].size(1)
+    return out.reshape(batch["input_ids"].size(0), -1, out.size(-1))[:, :size] if out.size(0) == 1 and \
+        batch["input_ids"].size(0) > 1 else out[:, :size]
+
+
 # --- the run
 
 
@@ -701,6 +774,17 @@ def nccl_line(s: dict) -> str:
             f"NCCL log verdict: {s['verdict']['transport']}.")
 
 
+def packed_line(s: dict) -> str:
+    if not s.get("kernels"):
+        return "Packed rows: not run."
+    def said(r: dict) -> str:
+        backward = {True: "backward ran", None: "backward not tried"}.get(r["backward"], f"backward: {r['backward']}")
+        return f"max |diff| {r['max_abs_diff']:.2g}, {'apart' if r['kept_apart'] else 'MIXED'}, {backward}"
+
+    parts = [f"{k}: " + (f"failed ({r['error']})" if r["error"] else said(r)) for k, r in s["kernels"].items()]
+    return f"Packed rows ({len(s['rows'])} rows, head_dim {s['head_dim']}), packed against alone: " + "; ".join(parts) + "."
+
+
 def section(data: dict, key: str) -> str:
     v, stages = data["versions"], data["stages"]
     size = "toy sizes on the CPU (--smoke)" if data["smoke"] else "one GPU"
@@ -711,7 +795,8 @@ def section(data: dict, key: str) -> str:
         f"transformers {v['transformers']}, peft {v['peft']}, Ray {'present' if data['ray_importable'] else 'absent'}",
         f"- Date: {data['date']}", "", stage_table(stages), "",
         recipe_line(stages.get("tiny_recipe", {})), "", throughput_table(stages), "",
-        checkpoint_line(stages.get("checkpoint", {})), "", nccl_line(stages.get("nccl", {})),
+        checkpoint_line(stages.get("checkpoint", {})), "", nccl_line(stages.get("nccl", {})), "",
+        packed_line(stages.get("packed", {})),
     ]
     body = "\n".join(parts)
     return f"{bl.MARKER_OPEN.format(key=key)}\n{body}\n{bl.MARKER_CLOSE.format(key=key)}\n"
@@ -723,7 +808,8 @@ def skipped(ctx: Pass) -> dict:
 
 HEAVY_STAGES = ("qwen15b", "qwen15b_lora", "checkpoint")  # not started once the budget is spent
 STAGE_FUNCTIONS = {"doctor": stage_doctor, "tiny_recipe": stage_tiny_recipe, "qwen15b": stage_qwen15b,
-                   "qwen15b_lora": stage_qwen15b_lora, "checkpoint": stage_checkpoint, "nccl": stage_nccl}
+                   "qwen15b_lora": stage_qwen15b_lora, "checkpoint": stage_checkpoint, "nccl": stage_nccl,
+                   "packed": stage_packed}
 
 
 def parse_args():

@@ -1,5 +1,6 @@
 """FSDP2 over 2 Ray Train workers computes the same gradients as one process on the same global batch, whether
-gradient accumulation reduce-scatters after every micro-batch or only after the last (`train.accum_sync`)."""
+gradient accumulation reduce-scatters after every micro-batch or only after the last (`train.accum_sync`), and
+under HSDP when only the last micro-batch all-reduces across the replicas."""
 
 import pytest
 import torch
@@ -31,19 +32,22 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
         ctx = ray.train.get_context()
         rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
         packed = data.prepare(job.data.train, job.data.format, load_tokenizer(job.model), job.data.seq_len)
-        model = apply_fsdp(load_model(job.model, job.train.seed), device, bf16=False, activation_checkpointing=False)
-        syncs: list[bool] = []
-        set_sync = model.set_requires_gradient_sync
-        model.set_requires_gradient_sync = lambda flag: (syncs.append(flag), set_sync(flag))[1]
         results = {}
-        for sync_each in (True, False):  # train.accum_sync: reduce_scatter_every_micro_batch, then last
-            syncs.clear()
+        # train.accum_sync: reduce_scatter_every_micro_batch, then last; then HSDP (2 replicas of 1 shard), every
+        # micro-batch reduce-scattered and only the last all-reduced across the replicas
+        for mode, mesh_shape, sync_each in (("fsdp-each", None, True), ("fsdp-last", None, False),
+                                            ("hsdp-each", (2, 1), True)):
+            model = apply_fsdp(load_model(job.model, job.train.seed), device, bf16=False,
+                               activation_checkpointing=False, mesh_shape=mesh_shape)
+            syncs: list[tuple[str, bool]] = []
+            for name in ("set_requires_gradient_sync", "set_requires_all_reduce"):
+                setter = getattr(model, name)
+                setattr(model, name, lambda flag, name=name, setter=setter: (syncs.append((name, flag)), setter(flag)))
             # Only rank 1 asks to stop; the vote must reach rank 0 through the step's own all-reduce.
             loss, _, stop_votes = accumulate_gradients(model, step_batches(packed, job, 0, rank, world, device),
                                                        world, device, stop_vote=float(rank == 1), sync_each=sync_each)
             grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
-            results[sync_each] = {"loss": loss, "stop_votes": stop_votes, "grads": grads, "syncs": list(syncs)}
-            model.zero_grad(set_to_none=True)
+            results[mode] = {"loss": loss, "stop_votes": stop_votes, "grads": grads, "syncs": syncs}
         if rank == 0:
             torch.save(results, config["out"])
 
@@ -60,9 +64,12 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
     loss = sum(token_loss_sum(model, b) for b in flat) / total_tokens
     loss.backward()
 
-    # reduce_scatter_every_micro_batch never holds unsharded gradients across micro-batches; last defers the sync.
-    assert by_mode[True]["syncs"] == [True, True]
-    assert by_mode[False]["syncs"] == [False, True]
+    # reduce_scatter_every_micro_batch never holds unsharded gradients across micro-batches; last defers the sync;
+    # across HSDP's replicas only the last micro-batch all-reduces, and the gradients are still the global mean.
+    sync, all_reduce = "set_requires_gradient_sync", "set_requires_all_reduce"
+    assert by_mode["fsdp-each"]["syncs"] == [(sync, True), (all_reduce, False), (sync, True), (all_reduce, True)]
+    assert by_mode["fsdp-last"]["syncs"] == [(sync, False), (sync, True)]
+    assert by_mode["hsdp-each"]["syncs"] == by_mode["fsdp-each"]["syncs"]
     for fsdp in by_mode.values():
         assert fsdp["stop_votes"] == 1.0
         assert fsdp["loss"] == pytest.approx(loss.item(), rel=1e-6)

@@ -28,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HIDE_RAY = 'import sys\n\nsys.modules["ray"] = None  # as where Ray is not installed\n'
-STAGES = ("doctor", "tiny_recipe", "qwen15b", "qwen15b_lora", "checkpoint", "nccl")
+STAGES = ("doctor", "tiny_recipe", "qwen15b", "qwen15b_lora", "checkpoint", "nccl", "packed")
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,13 @@ def test_the_micro_batch_search_steps_down_past_out_of_memory_only(monkeypatch):
     assert gpu_pass.combination(ctx, (8, 4), True, False, None)["error"].startswith("ZeroDivisionError")
     ctx.left = lambda: gpu_pass.FULL.min_combination_s - 1
     assert "time budget" in gpu_pass.combination(ctx, (8, 4), True, False, None)["skipped"]
+
+
+def test_packed_rows_stay_apart_on_every_kernel_that_runs_here(smoke):
+    """On the CPU: flex attention and sdpa, two packed rows at head_dim 128 (on a GPU, flash-attn too)."""
+    packed = smoke[0]["stages"]["packed"]
+    assert set(packed["kernels"]) == {"flex_attention", "sdpa"}
+    for kernel, result in packed["kernels"].items():
+        assert result["error"] is None and result["kept_apart"], (kernel, result)
+    assert packed["kernels"]["sdpa"]["backward"] is True
+    assert packed["kernels"]["flex_attention"]["backward"] is None  # torch has no flex backward on a CPU

@@ -70,3 +70,34 @@ def test_packed_examples_do_not_attend_to_each_other():
         together = token_loss_sum(model, data.collate(packed.rows))
         apart = sum(token_loss_sum(model, data.collate(data.pack([ex], 16, 0).rows)) for ex in examples)
     torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_is_no_example_in_the_attention_count():
+    """A 1,200-token example padded to a 2,048-token row attends over 1,200 positions; the padding's restarting
+    positions once added 848² to the row's count (1,799 attended positions per real token instead of 1,200)."""
+    from trainlift.train.data.examples import Example, collate, pack
+
+    rows = pack([Example(list(range(1200)), list(range(1200)))], seq_len=2048, pad_id=0).rows
+    batch = collate(rows)
+    assert batch["num_tokens"] == 1200 and batch["attended_pairs"] == 1200 ** 2
+
+
+def test_a_mixture_of_experts_counts_the_experts_a_token_is_routed_to():
+    """Mixtral-style top-2 of 4 experts: the recipe's FLOPs count half the routed experts' weights, and agree
+    with the estimate's count of the active parameters."""
+    from transformers import AutoConfig
+
+    from trainlift.estimate.memory import Workload
+    from trainlift.estimate.shape import shape_of
+    from trainlift.estimate.timing import model_flops_per_token
+    from trainlift.train.model.build import idle_expert_params, step_flops
+
+    config = AutoConfig.for_model("mixtral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                  num_local_experts=4, num_experts_per_tok=2)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    assert idle_expert_params(model) == routed // 2
+    w = Workload(1, 128, 1, False, gpu=True, bf16=True, workers=1)
+    assert step_flops(model).per_token(128) == pytest.approx(model_flops_per_token(shape_of(config), w), rel=0.01)

@@ -75,13 +75,65 @@ def test_flex_attention_loss_of_packed_rows_is_the_sum_of_each_examples_alone():
     torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_picks_a_kernel_without_a_dense_mask_on_gpus_and_sdpa_on_cpus(monkeypatch):
+def test_flash_attention_gets_a_micro_batch_as_one_row_that_transformers_reads_as_packed():
+    """flash-attn kernels keep packed examples apart only in a batch of one row: transformers' own test
+    (`_is_packed_sequence`, the one its flash-attention path runs) says no for two rows and yes for them flattened,
+    and the cu_seqlens it then builds are the examples', none across rows. No flash-attn runs here; the flattened
+    inputs are run through sdpa, which honours packed position ids in one row, and give the same training loss."""
+    from types import SimpleNamespace
+
+    from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
+
+    batch = packed_batch(TWO_ROWS)
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    inputs, labels = model_inputs(flash, batch)
+    assert inputs["input_ids"].shape == inputs["position_ids"].shape == labels.shape == (1, 48)
+    assert not _is_packed_sequence(batch["position_ids"], batch_size=2)  # what flash-attn would have been given
+    assert _is_packed_sequence(inputs["position_ids"], batch_size=1)
+    (cu_q, _), _ = prepare_fa_kwargs_from_position_ids(inputs["position_ids"])
+    assert cu_q.tolist() == [0, 10, 15, 24, 28, 48]
+
+    model = model_for("sdpa")
+    generator = torch.Generator().manual_seed(3)
+    examples = [data.Example(ids, ids) for ids in
+                (torch.randint(0, CONFIG.vocab_size, (n,), generator=generator).tolist() for n in (10, 5, 9, 4, 20))]
+    rows = data.collate(data.pack(examples, seq_len=24, pad_id=0).rows)
+    flat_inputs, flat_labels = model_inputs(flash, rows)
+    with torch.no_grad():
+        out = model(**flat_inputs).logits
+        together = torch.nn.functional.cross_entropy(out[0, :-1].float(), flat_labels[0, 1:], ignore_index=-100,
+                                                     reduction="sum")
+        apart = sum(token_loss_sum(model, data.collate(data.pack([ex], len(ex.input_ids), 0).rows))
+                    for ex in examples)
+    torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_picks_a_kernel_that_loads_and_fits_the_gpu_and_sdpa_on_cpus(monkeypatch):
+    """flash-attn when it loads, its CUDA extension included (one built for another torch fails to import with an
+    undefined symbol); else flex attention where its backward fits the GPU's shared memory (H100: 232,448 bytes a
+    block), else sdpa (L4, A10G: 101,376 bytes; pytorch#133254)."""
+    import importlib
     import importlib.util
+    from types import SimpleNamespace
 
     assert attention_implementation("auto", torch.device("cpu")) == "sdpa"
     assert attention_implementation("eager", torch.device("cuda")) == "eager"
-    find_spec = importlib.util.find_spec
+    find_spec, import_module = importlib.util.find_spec, importlib.import_module
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else find_spec(name))
+    monkeypatch.setattr(importlib, "import_module", lambda name: object() if name.startswith("flash_attn")
+                        else import_module(name))
     assert attention_implementation("auto", torch.device("cuda")) == "flash_attention_2"
+
+    def broken(name):
+        if name.startswith("flash_attn"):
+            raise ImportError("flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: "
+                              "_ZN3c104cuda9SetDeviceEab")
+        return import_module(name)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    for shared, kernel in ((232_448, "flex_attention"), (101_376, "sdpa")):
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda device, shared=shared: SimpleNamespace(shared_memory_per_block_optin=shared))
+        assert attention_implementation("auto", torch.device("cuda")) == kernel
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "flash_attn" else find_spec(name))
-    assert attention_implementation("auto", torch.device("cuda")) == "flex_attention"
+    assert attention_implementation("auto", torch.device("cuda")) == "sdpa"

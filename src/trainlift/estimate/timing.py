@@ -45,9 +45,11 @@ def model_flops_per_token(m: ModelShape, w: Workload) -> float:
 
 
 def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
-    """What the GPUs execute: the model's FLOPs, and one more decoder forward under activation checkpointing."""
+    """What the GPUs execute: the model's FLOPs, the LM head's forward again (the chunked loss recomputes each
+    chunk's logits in backward, train/model/loss.py), and one more decoder forward under activation checkpointing."""
     recompute = 2 * m.active_decoder_params + 4 * m.layers * m.heads * m.head_dim * w.seq_len
-    return model_flops_per_token(m, w) + (recompute if w.activation_checkpointing else 0)
+    head_again = 2 * m.vocab * m.hidden
+    return model_flops_per_token(m, w) + head_again + (recompute if w.activation_checkpointing else 0)
 
 
 def collective_bytes_per_step(m: ModelShape, w: Workload) -> float:
@@ -70,8 +72,8 @@ def replica_bytes_per_step(m: ModelShape, w: Workload) -> float:
     if r == 1:
         return 0.0
     trainable = m.params if not w.lora_params else w.lora_params
-    reduces = 1 if w.accum_sync_last else w.grad_accum
-    return reduces * 4 * trainable / w.shard_group * 2 * (r - 1) / r
+    # Once per step either way: every micro-batch but the last skips it (recipe.accumulate_gradients).
+    return 4 * trainable / w.shard_group * 2 * (r - 1) / r
 
 
 def step_timing(m: ModelShape, w: Workload, fabric: Fabric) -> Timing:

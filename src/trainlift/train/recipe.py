@@ -87,14 +87,18 @@ def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vo
     """Backward over this worker's micro-batches; returns (global mean loss, global [tokens, attended pairs], stop
     votes) as device tensors, none read back. The stop vote rides on the token-count all-reduce, so asking every rank costs
     no collective of its own. Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch
-    reduce-scatters them."""
+    reduce-scatters them; with it, each micro-batch reduce-scatters and, under HSDP, only the last all-reduces the
+    summed shards across the replicas (FSDP2 keeps the partial sums in between)."""
     local = [float(sum(b["trainable_tokens"] for b in batches)), float(sum(b["num_tokens"] for b in batches)),
              float(sum(b["attended_pairs"] for b in batches)), stop_vote]
     global_trainable, global_tokens, global_attended, stop_votes = all_reduce_sum(local, device)
     trainable = global_trainable.clamp(min=1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(batches):
-        model.set_requires_gradient_sync(sync_each or i == len(batches) - 1)
+        last = i == len(batches) - 1
+        model.set_requires_gradient_sync(sync_each or last)
+        if sync_each:  # HSDP: reduce-scatter within the node every micro-batch, all-reduce across nodes once
+            model.set_requires_all_reduce(last)
         loss = token_loss_sum(model, batch)
         # FSDP averages gradients over workers; scale so the result is the global-batch mean.
         (loss * (world / trainable).to(loss.dtype)).backward()

@@ -271,7 +271,9 @@ def collate(rows: list[dict]) -> dict:
     batch = {k: torch.from_numpy(a).long() for k, a in arrays.items()}
     batch["num_tokens"] = int(sum(r.get("num_tokens", len(r["input_ids"])) for r in rows))
     batch["trainable_tokens"] = int((arrays["labels"][:, 1:] != IGNORE).sum())
-    batch["attended_pairs"] = sum(attended_pairs(row) for row in arrays["position_ids"])
+    # Padding restarts its positions too; it is no example, and its tokens are not counted.
+    batch["attended_pairs"] = sum(attended_pairs(row[:r.get("num_tokens", len(row))])
+                                  for row, r in zip(arrays["position_ids"], rows))
     return batch
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from trainlift.train.model import fetch, weights
+
+log = logging.getLogger(__name__)
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
@@ -68,13 +72,39 @@ def sharded_config(model_spec) -> PretrainedConfig:
 def attention_implementation(choice: str, device: torch.device) -> str:
     """`model.attn_implementation` for `device`. Packed rows restart their position ids at each example, and
     every kernel here keeps the examples apart; auto picks the one without a dense [batch, 1, seq, seq] mask
-    where that mask costs: on a GPU, flash-attn's variable-length kernel when installed, else flex attention's
-    block mask. On a CPU, sdpa (its dense mask is small at CPU sizes; flex attention compiles for half a minute)."""
+    where that mask costs: on a GPU, flash-attn's variable-length kernel when it loads, else flex attention's
+    block mask where its backward fits the GPU's shared memory, else sdpa with the dense mask. On a CPU, sdpa (its
+    dense mask is small at CPU sizes; flex attention compiles for half a minute)."""
     if choice != "auto":
         return choice
-    if device.type == "cuda":
-        return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
-    return "sdpa"
+    if device.type != "cuda":
+        return "sdpa"
+    if flash_attn_usable():
+        return "flash_attention_2"
+    return "flex_attention" if flex_backward_fits(device) else "sdpa"
+
+
+# flex_attention's backward at head_dim 128 asks for about 131 KB of shared memory per block (pytorch#133254):
+# more than sm_86/sm_89 parts (A10G, L4, L40S: 101,376 bytes) give, so it fails at the first backward there.
+FLEX_BACKWARD_SHARED_BYTES = 131_074
+
+
+def flex_backward_fits(device: torch.device) -> bool:
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) >= FLEX_BACKWARD_SHARED_BYTES
+
+
+def flash_attn_usable() -> bool:
+    """flash-attn imports, its CUDA extension included: one built for another torch fails here (undefined symbol),
+    not at the first forward."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        importlib.import_module("flash_attn.flash_attn_interface")
+    except (ImportError, OSError, RuntimeError) as exc:
+        log.warning("flash-attn is installed but does not load (%s); using another attention kernel", exc)
+        return False
+    return True
 
 
 def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device,
@@ -127,8 +157,10 @@ def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activat
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     mesh = device_mesh(device, mesh_shape)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last block's backward comes right after its forward: resharding it would gather it again at once.
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(layers) - 1)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not embedding.weight:
         # Its own group: the root's all-gather (first in forward) and reduce-scatter (last in backward) have
@@ -152,14 +184,26 @@ class StepFlops:
 
 
 def step_flops(model: torch.nn.Module) -> StepFlops:
-    """Call before sharding."""
+    """Call before sharding. A mixture-of-experts model counts the experts a token is routed to, not all of them."""
     config = model.config
     embedding = model.get_input_embeddings().weight.numel()
-    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
+    non_embedding = sum(p.numel() for p in model.parameters()) - embedding - idle_expert_params(model)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     tied_head = 6 * embedding if getattr(config, "tie_word_embeddings", False) else 0
     return StepFlops(float(6 * non_embedding + tied_head), float(12 * config.num_hidden_layers * heads * head_dim))
+
+
+def idle_expert_params(model: torch.nn.Module) -> int:
+    """Routed-expert parameters a token does not go through: (experts - top-k) / experts of them."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    experts = (getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
+               or getattr(text, "n_routed_experts", None))
+    top_k = getattr(text, "num_experts_per_tok", None)
+    if not experts or not top_k:
+        return 0
+    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return routed * (experts - top_k) // experts
 
 
 def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:

@@ -61,8 +61,15 @@ def model_inputs(model, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     attention mask turns that off. flex_attention on a CPU: rows are padded to a multiple of `FLEX_BLOCK` with one
     more example of ignored labels, because torch 2.13's CPU flex kernel (Inductor's fp32 micro-GEMM for q·kᵀ,
     `cpp_micro_gemm.py`, its N-tail path) reads keys past the row and writes scores past the tile when a tile's
-    length is 8 mod 16 (AVX2): wrong and often NaN logits, packed or not. GPUs run Triton's kernel instead."""
+    length is 8 mod 16 (AVX2): wrong and often NaN logits, packed or not. GPUs run Triton's kernel instead.
+
+    flash-attn kernels see packed examples only in a batch of one row (transformers' `_is_packed_sequence`); with
+    more rows they attend across the examples of each row. So the rows of a micro-batch go in as one row: every row
+    starts an example whose first label is ignored, so no loss term crosses rows, and each example's cu_seqlens come
+    from its restarting position ids (the layout of `DataCollatorWithFlattening`)."""
     ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+    if "flash" in model.config._attn_implementation and ids.size(0) > 1:
+        ids, positions, labels = (t.reshape(1, -1) for t in (ids, positions, labels))
     pad = -ids.size(1) % FLEX_BLOCK
     if pad and ids.device.type == "cpu" and model.config._attn_implementation == "flex_attention":
         ids = F.pad(ids, (0, pad))

@@ -17,6 +17,8 @@ a rank when all of them have, which is when COMPLETE may be written.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -27,6 +29,8 @@ import torch.distributed as dist
 
 from trainlift.train.model.fetch import staging_root
 from trainlift.train.run import checkpoint
+
+log = logging.getLogger(__name__)
 
 
 class Saver:
@@ -131,20 +135,67 @@ def start_write(local_dir: str, model, optimizer, group, device):
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
     model_sd, optim_sd = checkpoint.trainable_state(model, optimizer)
-    stager = host_stager(device)
+    stager = host_stager(device, state_bytes(model_sd) + state_bytes(optim_sd))
     written = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=local_dir, process_group=group,
                              async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
     return written, stager
 
 
-def host_stager(device):
-    """On a GPU, a stager that copies the state into pinned, shared host memory with non-blocking copies (the
-    checkpointing process then reads it without another copy); elsewhere None: DCP's default stager copies to
-    ordinary host memory. One per save, closed once it is written: torch 2.11's DefaultStager cannot be reused
-    across saves (pytorch/pytorch#183413)."""
+def host_stager(device, staged_bytes: int = 0):
+    """On a GPU, a stager that copies the state into pinned host memory with non-blocking copies, shared (the
+    checkpointing process then reads it without another copy) where /dev/shm has room for every rank of the node;
+    elsewhere None: DCP's default stager copies to ordinary host memory. One per save, closed once it is written:
+    torch 2.11's DefaultStager cannot be reused across saves (pytorch/pytorch#183413)."""
     if device.type != "cuda":
         return None
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=True, use_async_staging=False,
+    shared = shared_memory_fits(staged_bytes, local_ranks(), shm_free_bytes())
+    return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=shared, use_async_staging=False,
                                         use_non_blocking_copy=True))
+
+
+SHM = "/dev/shm"
+SHM_MARGIN = 1.1  # Ray's object store lives in /dev/shm too, and grows after this look
+
+
+def shared_memory_fits(staged_bytes: int, ranks: int, free_bytes: int | None) -> bool:
+    """Whether every rank of the node can stage its state in /dev/shm at once; said once when not (on EKS
+    /dev/shm is the pod's memory-backed volume, which render sizes; a container runtime's default is 64 MiB)."""
+    need = staged_bytes * ranks * SHM_MARGIN
+    if free_bytes is None or need <= free_bytes:
+        return free_bytes is not None
+    if not _said_shm:
+        _said_shm.append(True)
+        log.warning("checkpoint staging: %s has %.1f GiB free, %d rank(s) of this node stage %.1f GiB each: staging in "
+                    "private pinned memory instead (the checkpoint process gets a copy); give the pod a larger %s",
+                    SHM, free_bytes / 2**30, ranks, staged_bytes / 2**30, SHM)
+    return False
+
+
+_said_shm: list[bool] = []
+
+
+def shm_free_bytes() -> int | None:
+    try:
+        found = os.statvfs(SHM)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
+def local_ranks() -> int:
+    """Workers on this node, as torch's launchers and Ray Train's torch backend set them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def state_bytes(state: dict) -> int:
+    """This rank's share of a state dict: a DTensor counts its local shard."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, dict):
+            total += state_bytes(value)
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            total += local.numel() * local.element_size()
+    return total
