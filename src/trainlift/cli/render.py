@@ -83,6 +83,20 @@ def _job_inputs(job_path: Path, job, cluster: ClusterSpec, shutdown: bool, worki
     )
 
 
+def _cache_account(cluster: ClusterSpec) -> ClusterSpec:
+    """`image.cache: ecr` without `image.account`: the account of this machine's credentials, where there are any
+    (render then refuses the spec in one line without one)."""
+    from trainlift.cloud.aws import Aws, CredentialsError
+    from trainlift.render.image_cache import with_account
+
+    if cluster.image.cache != "ecr" or cluster.image.account:
+        return cluster
+    try:
+        return with_account(cluster, Aws(cluster.region).identity()["account"])
+    except CredentialsError:
+        return cluster
+
+
 def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     """The spec with its image pinned by digest where its registry can be asked; otherwise a warning that names
     the image the pods run instead (the catalog's release tag for a floating DLC tag)."""
@@ -90,6 +104,7 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
 
     from trainlift.render.raycluster import image_ref
 
+    cluster = _cache_account(cluster)
     target = image_ref(cluster)
     if "@" in target:
         return cluster, None

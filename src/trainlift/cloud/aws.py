@@ -362,6 +362,21 @@ class Aws:
             return ClusterTags(c.get("arn", ""), dict(c.get("tags") or {}))
         return self._optional("eks:DescribeCluster", call)
 
+    def pull_through_rule(self, prefix: str) -> str | None | Unknown:
+        """The upstream registry of this region's ECR pull-through cache rule for `prefix`; None when there is none."""
+        from botocore.exceptions import ClientError
+
+        def call() -> str | None:
+            try:
+                rules = self.client("ecr").describe_pull_through_cache_rules(
+                    ecrRepositoryPrefixes=[prefix])["pullThroughCacheRules"]
+            except ClientError as exc:
+                if error_code(exc) == "PullThroughCacheRuleNotFoundException":
+                    return None
+                raise
+            return rules[0].get("upstreamRegistryUrl", "") if rules else None
+        return self._optional("ecr:DescribePullThroughCacheRules", call)
+
     def tag_cluster(self, arn: str, tags: dict[str, str]) -> None:
         self._required("eks:TagResource", lambda: self.client("eks").tag_resource(resourceArn=arn, tags=tags))
 

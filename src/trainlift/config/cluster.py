@@ -97,6 +97,12 @@ class ImageSpec(_Section):
     uri: str = _defaults["image"]
     ray_version: str | None = Field(None, description="Ray inside the image; known DLC tags fill it in.")
     pull_policy: Literal["IfNotPresent", "Always"] = "IfNotPresent"
+    cache: Literal["none", "ecr"] = Field(
+        "none", description="ecr: the nodes pull the image through an ECR pull-through cache rule of the cluster's "
+        "account and region (`cluster up` creates it): fetched from ECR Public once, then from the region's "
+        "private ECR, and pinned by digest from there. none: every node pulls from the image's own registry.")
+    account: str | None = Field(None, pattern=r"^\d{12}$", description="The AWS account of the ECR cache; "
+                                "`cluster up` and `render` fill it in from the credentials.")
 
 
 class S3Storage(_Section):

@@ -33,6 +33,7 @@ from trainlift.ops.steps import FORWARDED_DASHBOARD_PORT
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.render.helm import render_helm_releases
+from trainlift.render.image_cache import CACHE_PREFIX, with_account
 from trainlift.ops.forward import wait_for_port
 from trainlift.ops.pins import VERSION_ARGS, show_chart_args, tool_version
 from trainlift.ops.run import Background, check
@@ -181,6 +182,12 @@ def _observe_group_stacks(spec: ClusterSpec, groups: dict, aws: Aws) -> dict:
 def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     seen = _observe(spec, files, aws)
     owner = _observe_owner(spec, aws, exists=seen.control_plane not in (None, ABSENT))
+    if spec.image.cache == "ecr":
+        rule = aws.pull_through_rule(CACHE_PREFIX)
+        if isinstance(rule, Unknown):
+            owner["unknown"]["image-cache"] = rule.reason
+        else:
+            owner["cache_rule"] = rule or ""
     return replace(seen, tools=tools_on_path(), unknown={**seen.unknown, **owner.pop("unknown")}, **owner)
 
 
@@ -290,7 +297,7 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
     aws = aws or Aws(spec.region)
     root = cluster_dir(spec, root)
     try:
-        aws.identity()
+        spec = with_account(spec, aws.identity()["account"])
     except CredentialsError as exc:
         if need_credentials:
             raise

@@ -26,6 +26,7 @@ from trainlift.ops.steps import run_op as _run
 from trainlift.ops.steps import wait_op as _wait
 from trainlift.render.eksctl import SYSTEM_GROUP
 from trainlift.render.helm import render_helm_releases
+from trainlift.render.image_cache import CACHE_PREFIX, UPSTREAM, create_rule_argv
 
 __all__ = ["ABSENT", "BUSY", "Files", "Observed", "Op", "Plan", "Step", "plan_down", "plan_up"]
 doctor_op = plan_kube.doctor_op
@@ -145,6 +146,29 @@ def _group_stack_first(spec: ClusterSpec, name: str, stack: StackInfo, key: str,
                 note="the stack is deleted first: eksctl skips a node group whose stack exists")
 
 
+def _image_cache_up(spec: ClusterSpec, seen: Observed) -> list[Step]:
+    """`image.cache: ecr`: the region's pull-through cache rule, before any node pulls the image through it. It
+    serves every cluster of the account and region, so `down` leaves it."""
+    if spec.image.cache != "ecr":
+        return []
+    title = f"ECR pull-through cache {CACHE_PREFIX}/ <- {UPSTREAM} ({spec.region})"
+    create = (_run(create_rule_argv(spec.region)),)
+    if seen.absent and seen.cache_rule is None and "image-cache" not in seen.unknown:
+        return [Step("image-cache", title, "absent", "create", create)]
+    if seen.cache_rule is None:
+        return [Step("image-cache", title, seen.why("image-cache"), "blocked",
+                     note="cannot tell whether the rule exists; creating one that does fails",
+                     fix="allow ecr:DescribePullThroughCacheRules for these credentials")]
+    if seen.cache_rule == "":
+        return [Step("image-cache", title, "absent", "create", create)]
+    if seen.cache_rule != UPSTREAM:
+        return [Step("image-cache", title, f"exists for {seen.cache_rule}", "blocked",
+                     note=f"the {CACHE_PREFIX}/ prefix caches another registry",
+                     fix="drop image.cache, or delete that rule: aws ecr delete-pull-through-cache-rule "
+                         f"--ecr-repository-prefix {CACHE_PREFIX} --region {spec.region}")]
+    return [Step("image-cache", title, "exists", "nothing")]
+
+
 def _wants(spec: ClusterSpec, seen: Observed) -> list[GroupWant]:
     """Each group as it should be now: a group on a Capacity Block not yet active keeps 0 nodes (a launch before
     the block starts fails); the `up` after its start scales it to its count."""
@@ -165,6 +189,7 @@ def plan_up(spec: ClusterSpec, seen: Observed, placements: dict[str, Placement],
             force: bool = False) -> Plan:
     steps = [ownership_step(spec, seen, "up", force), _control_plane_up(spec, seen, files)]
     steps += plan_kube.namespace_and_secrets(spec, seen, files)
+    steps += _image_cache_up(spec, seen)
     groups = [_nodegroup_up(spec, seen, want, files, placements.get(want.name)) for want in _wants(spec, seen)]
     steps += groups
     releases = {r["name"]: r for r in render_helm_releases(spec)}

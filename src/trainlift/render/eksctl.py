@@ -7,6 +7,7 @@ from typing import Any, Mapping
 from trainlift import catalog
 from trainlift.cloud.capacity import Reservation, Unknown
 from trainlift.config.cluster import ClusterSpec, WorkerGroup
+from trainlift.render.image_cache import node_policy
 from trainlift.render.s3_access import s3_policy
 
 SYSTEM_GROUP = "system-nodes"
@@ -133,6 +134,9 @@ def render_eksctl(spec: ClusterSpec, reservations: Reservations | None = None) -
     config["vpc"] = {"clusterEndpoints": {"privateAccess": True, "publicAccess": True}}
     config["iam"] = _iam(spec)
     config["addons"] = _addons(spec)
-    config["managedNodeGroups"] = [_system_group(spec)] + [
-        _worker_group(spec, w, reservations) for w in spec.workers]
+    groups = [_system_group(spec)] + [_worker_group(spec, w, reservations) for w in spec.workers]
+    if (policy := node_policy(spec)) is not None:
+        for group in groups:
+            group["iam"] = {"attachPolicy": policy}
+    config["managedNodeGroups"] = groups
     return config

@@ -11,6 +11,7 @@ from trainlift.config.cluster import ClusterSpec, Taint, WorkerGroup
 from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.train.model.fetch import STAGING_ENV
 from trainlift.render import fit, stop_hooks
+from trainlift.render.image_cache import UPSTREAM, cached_uri
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -139,8 +140,11 @@ def stop_wait_seconds(spec: ClusterSpec) -> int:
 
 def image_ref(spec: ClusterSpec) -> str:
     """The image the pods run: a digest reference as given, a floating catalog tag as the release it stands for,
-    any other image as written."""
-    return pinned_image(spec.image.uri) or spec.image.uri
+    any other image as written; through the ECR cache with `image.cache: ecr`."""
+    uri = pinned_image(spec.image.uri) or spec.image.uri
+    if spec.image.cache == "ecr" and spec.image.account and uri.startswith(UPSTREAM + "/"):
+        return cached_uri(uri, spec.image.account, spec.region)
+    return uri
 
 
 def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resources: dict[str, str],

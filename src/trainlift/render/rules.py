@@ -9,6 +9,7 @@ from trainlift.cloud.capacity import ENDED, Reservation
 from trainlift.config.cluster import ClusterSpec, WorkerGroup
 from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP, Reservations
 from trainlift.render.kueue import queue_problems
+from trainlift.render.image_cache import cache_problems
 from trainlift.render.problems import Problem, raise_problems
 
 _SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
@@ -189,7 +190,7 @@ def reservation_problems(spec: ClusterSpec, reservations: Reservations) -> list[
 def cluster_problems(spec: ClusterSpec) -> list[Problem]:
     """Every rule the spec breaks, worker groups first (their problems are usually the cause)."""
     return (_worker_problems(spec) + _reservation_spec_problems(spec) + _cluster_problems(spec) + _secret_problems(spec)
-            + queue_problems(spec))
+            + queue_problems(spec) + cache_problems(spec))
 
 
 def check_cluster(spec: ClusterSpec) -> None:
