@@ -93,6 +93,12 @@ def read_run(uri: str) -> Run:
                driver=_json_or_none(driver_text))
 
 
+def read_driver(uri: str) -> dict[str, Any] | None:
+    """The run's driver record, where a driver is (or was, until it died) running it."""
+    fs, path = open_uri(uri)
+    return _json_or_none(_read(fs, f"{path}/{DRIVER_RECORD}"))
+
+
 def _json_or_none(text: str | None) -> dict[str, Any] | None:
     try:
         value = json.loads(text) if text else None

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
-from trainlift.errors import TrainliftError
+from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray, ray_output
 from trainlift.train.data import cache as datacache
 from trainlift.train.run import board as progress, failures, metrics, preflight, trackers
@@ -129,17 +129,22 @@ class Prepared:
     worker_env: dict[str, str]
 
 
-def prepare(spec: JobSpec, started_at: float) -> Prepared:
-    """After Ray starts: the model on a disk every worker reads, the data cache, the worker count and device, the
-    workers' environment (NCCL's log file on GPUs, for the transport check), and no stale Ray checkpoint list."""
+def prepare_before_ray(spec: JobSpec) -> dict[str, dict]:
+    """Before Ray starts, so a bad row or a missing tokenizer costs no cluster start: the model built where the spec
+    asks for one, then every split read, tokenized and packed into the data cache."""
+    prepare_model(spec)
+    return prepare_data(spec)
+
+
+def prepare(spec: JobSpec, started_at: float, data_cache: dict[str, dict]) -> Prepared:
+    """After Ray starts: the model on a disk every worker reads, the worker count and device, the workers'
+    environment (NCCL's log file on GPUs, for the transport check), and no stale Ray checkpoint list."""
     import ray
 
     node_ips, driver_ip = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}, ray.util.get_node_ip_address()
     preflight.check_model_readable_by_workers(spec, node_ips, driver_ip)
-    prepare_model(spec)
     if node_ips <= {driver_ip}:
         preflight.check_staging_space(spec)  # every worker stages its checkpoints on this machine
-    data_cache = prepare_data(spec)
     scaling, use_gpu = scaling_for(spec)
     if spec.scaling.workers == "auto":
         preflight.check_parallel(spec, scaling.num_workers)
@@ -236,6 +241,7 @@ def driver_record(spec: JobSpec):
 
     from trainlift.rundir import DRIVER_RECORD
 
+    refuse_second_driver(spec)
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
@@ -248,6 +254,26 @@ def driver_record(spec: JobSpec):
             fs.delete_file(f"{path}/{DRIVER_RECORD}")
 
 
+def refuse_second_driver(spec: JobSpec) -> None:
+    """One writer per run: a run another driver is training (its process alive on this host; on another host, its
+    metrics written within the last minutes) is refused in one line before anything is written."""
+    from trainlift import rundir
+
+    try:
+        run = rundir.read_run(spec.run_uri)
+    except UsageError:  # no run here yet, or one without metrics: only a live driver on this host holds it
+        run = rundir.Run(spec.run.name, spec.run_uri, [], None, None, None, None, rundir.read_driver(spec.run_uri))
+    if run.driver is None or rundir.state(run, time.time()) != "running":
+        return
+    d = run.driver
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.get("started", 0)))
+    elsewhere = "" if rundir.driver_alive(d) else (
+        f"; if that driver is gone, the run counts as stopped {rundir.RUNNING_WINDOW_S / 60:.0f} minutes after "
+        "its last metrics")
+    raise UsageError(f"run {spec.run.name} is being trained by pid {d.get('pid')} on {d.get('host')} since {since}"
+                     + elsewhere, hint="wait for it to end or stop it, or give this one another run.name")
+
+
 def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
                   skip_doctor: bool, on_update, train_loop, output: ray_output.RunOutput) -> dict[str, Any]:
     import ray
@@ -255,13 +281,14 @@ def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
     from trainlift.train.run import raytrainer  # imports Ray Train: not before the CLI has set Ray's auth mode
 
     started_at = time.time()
+    data_cache = prepare_before_ray(spec)
     requested = spec.scaling.max_workers or 1
     connected = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
                              log_to_driver=ray_output.forwards_worker_lines())
     output.attach_workers()
     raytrainer.start_autoscaling_coordinator()
     try:
-        prepared = prepare(spec, started_at)
+        prepared = prepare(spec, started_at, data_cache)
         board = progress.progress_board()
         with progress.following(board, on_update):
             fit(build_trainer(spec, prepared, board, train_loop, stop_at_step, skip_doctor), spec, board, output)
