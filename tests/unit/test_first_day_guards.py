@@ -66,3 +66,20 @@ def test_a_bad_row_is_refused_before_ray_starts(tmp_path, monkeypatch):
     with pytest.raises(TrainliftError) as caught:
         launch.run_training(job)
     assert caught.value.message == f"{bad}:2: not valid JSON (Expecting value)"
+
+
+def test_the_resume_hint_names_a_command_this_shell_can_run(tmp_path, monkeypatch):
+    """After `make demo` the venv is not on PATH: the hint names `.venv/bin/trainlift`, as it was run."""
+    from trainlift.cli.train import resume_command
+
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "trainlift").write_text("#!/bin/sh\n")
+    (venv_bin / "trainlift").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    argv = [str(venv_bin / "trainlift"), "train", "examples/tiny-local.yaml", "--stop-at-step", "4"]
+    assert resume_command(argv) == ".venv/bin/trainlift train examples/tiny-local.yaml"
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")
+    assert resume_command(argv) == "trainlift train examples/tiny-local.yaml"
+    assert resume_command(["/x/trainlift/__main__.py", "train", "a.yaml"]) == "python -m trainlift train a.yaml"

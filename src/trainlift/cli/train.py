@@ -88,7 +88,7 @@ def resume_command(argv: list[str]) -> str:
     """The command that was run, without --stop-at-step: run again, it resumes and goes on to train.steps."""
     import shlex
 
-    kept, skip = ["trainlift"], False
+    kept, skip = [], False
     for arg in argv[1:]:
         if skip:
             skip = False
@@ -96,7 +96,22 @@ def resume_command(argv: list[str]) -> str:
             skip = True
         elif not arg.startswith("--stop-at-step="):
             kept.append(arg)
-    return shlex.join(kept)
+    return " ".join([program(argv[0]), shlex.join(kept)])
+
+
+def program(argv0: str) -> str:
+    """How to run trainlift again from this shell: `trainlift` where that is on PATH, else the path it was run by
+    (`.venv/bin/trainlift` after `make demo`), or `python -m trainlift`."""
+    import shutil
+
+    import shlex
+
+    if argv0.endswith("__main__.py"):
+        return "python -m trainlift"
+    found = shutil.which("trainlift")
+    if os.sep not in argv0 or (found and os.path.realpath(found) == os.path.realpath(argv0)):
+        return "trainlift"
+    return shlex.quote(os.path.relpath(argv0))
 
 
 def _ray_address(address: str | None) -> str | None:

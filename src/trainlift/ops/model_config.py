@@ -60,5 +60,6 @@ def read_model_config(model_spec):
             return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise SpecError(f"model.path {path}: cannot read its config.json ({str(exc).splitlines()[0]})",
-                        hint="check the path or hub id, or download it first (huggingface-cli download "
-                        f"{path} config.json)") from None
+                        hint="offline, give estimate the model's config.json: --model-config PATH (the "
+                        "repository's examples/model-configs/ has the examples' models); else check the path or hub "
+                        f"id, or download it first (huggingface-cli download {path} config.json)") from None
