@@ -782,7 +782,8 @@ def packed_line(s: dict) -> str:
         return f"max |diff| {r['max_abs_diff']:.2g}, {'apart' if r['kept_apart'] else 'MIXED'}, {backward}"
 
     parts = [f"{k}: " + (f"failed ({r['error']})" if r["error"] else said(r)) for k, r in s["kernels"].items()]
-    return f"Packed rows ({len(s['rows'])} rows, head_dim {s['head_dim']}), packed against alone: " + "; ".join(parts) + "."
+    head = f"Packed rows ({len(s['rows'])} rows, head_dim {s['head_dim']}), packed against alone: "
+    return head + "; ".join(parts) + "."
 
 
 def section(data: dict, key: str) -> str:

@@ -270,7 +270,8 @@ class Kube:
         return got.stdout
 
     def image_pulls(self, namespace: str) -> list[ImagePull] | Unknown:
-        out = self._get("kubectl", ["get", "events", "-n", namespace, "--field-selector", "reason=Pulled", "-o", "json"])
+        out = self._get("kubectl", ["get", "events", "-n", namespace, "--field-selector", "reason=Pulled",
+                                    "-o", "json"])
         return out if isinstance(out, Unknown) else parse_pull_events(out)
 
     def nodes(self) -> list[Node] | Unknown:

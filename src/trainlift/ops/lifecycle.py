@@ -142,8 +142,8 @@ def image_pull_line(spec: ClusterSpec, files: Files) -> str:
         return "image pull time: no pull events (kubelet keeps them about an hour)"
     parts = [f"{int(p.seconds // 60)}m{p.seconds % 60:02.0f}s on {p.node or p.pod}" for p in timed]
     present = len(pulls) - len(timed)
-    return ("image pull: " + (", ".join(parts) or "none pulled") + (f"; already on {present} node(s)" if present else "")
-            + f" ({pulls[0].image}, from kubelet's events)")
+    already = f"; already on {present} node(s)" if present else ""
+    return f"image pull: {', '.join(parts) or 'none pulled'}{already} ({pulls[0].image}, from kubelet's events)"
 
 
 def _last_line(text: str) -> str:

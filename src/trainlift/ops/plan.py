@@ -181,7 +181,8 @@ def _wants(spec: ClusterSpec, seen: Observed) -> list[GroupWant]:
 def _assumed(steps: list[Step], seen: Observed) -> list[Step]:
     if not seen.assumed:
         return steps
-    return [replace(s, observed=f"not looked up, planned as {s.observed}") if s.key not in ("tools", "pins", "ownership")
+    looked_up_anyway = ("tools", "pins", "ownership")
+    return [replace(s, observed=f"not looked up, planned as {s.observed}") if s.key not in looked_up_anyway
             else s for s in steps]
 
 

@@ -125,7 +125,8 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
 
 def _queue_on_paper(out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """Render's Kueue admission check, rerun on the files as they are now (None: no ClusterQueue rendered)."""
-    bodies = [(str(f.relative_to(out_dir)), yaml.safe_load(f.read_text())) for f in sorted((out_dir / "k8s").glob("*.yaml"))]
+    files = sorted((out_dir / "k8s").glob("*.yaml"))
+    bodies = [(str(f.relative_to(out_dir)), yaml.safe_load(f.read_text())) for f in files]
     queue = admission.cluster_queue(bodies)
     if queue is None:
         return None
