@@ -99,7 +99,9 @@ def test_the_reference_job_rehearses_as_the_readme_shows(monkeypatch, tmp_path, 
     outcome = json.loads(result.stdout)
     assert result.returncode == 0 and outcome["ok"] and outcome["status"] == "SUCCEEDED", "\n".join(
         f"{c['state']}: {c['evidence']}" for c in outcome["checks"])
-    assert len(outcome["checks"]) == 4 and "EFA and the NCCL transport" in outcome["not_proven"]
+    assert len(outcome["checks"]) == 5 and "EFA and the NCCL transport" in outcome["not_proven"]
+    [queue] = [c for c in outcome["checks"] if c["check"].startswith("Kueue admits")]  # render's check, on paper
+    assert queue["state"] == "ok" and "RayCluster ray-train admitted in ClusterQueue ray-train" in queue["evidence"]
     assert {"scaling.workers=2", "scaling.device=cpu", "scaling.cpus_per_worker=1"} <= set(outcome["rehearsed_as"])
     where = outcome["environment"]
     assert where["image"] and where["image_python"] == "3.13.12" and "deepspeed" in where["left_out"]
