@@ -111,7 +111,8 @@ def program(argv0: str) -> str:
     found = shutil.which("trainlift")
     if os.sep not in argv0 or (found and os.path.realpath(found) == os.path.realpath(argv0)):
         return "trainlift"
-    return shlex.quote(os.path.relpath(argv0))
+    relative = os.path.relpath(argv0)
+    return shlex.quote(os.path.abspath(argv0) if relative.startswith("..") else relative)
 
 
 def _ray_address(address: str | None) -> str | None:
