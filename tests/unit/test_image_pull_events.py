@@ -15,7 +15,7 @@ import yaml
 
 from trainlift.config.cluster import parse_cluster_spec
 from trainlift.ops.kube import go_duration_s, parse_pull_events
-from trainlift.ops.lifecycle import image_pull_line
+from trainlift.ops.apply_plan import image_pull_line
 from trainlift.ops.steps import Files
 
 ROOT = Path(__file__).resolve().parents[2]

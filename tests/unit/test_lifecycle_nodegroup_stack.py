@@ -23,7 +23,7 @@ from trainlift.cloud.aws import Aws
 from trainlift.cloud.capacity import Unknown
 from trainlift.cloud.eks_state import ClusterInfo, NodeGroupInfo, StackInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
-from trainlift.ops import lifecycle
+from trainlift.ops import apply_plan, lifecycle
 from trainlift.ops.placement import Placement
 from trainlift.ops.plan import Files, Observed, plan_up
 
@@ -213,9 +213,9 @@ class _Deleting:
 def test_the_wait_holds_once_the_stack_is_gone():
     aws = _Deleting({"gpu-workers": StackInfo(STACK, "DELETE_IN_PROGRESS", {})}, Unknown("throttled"), {})
     until = "nodegroup-stack/gpu-workers=absent"
-    assert lifecycle._satisfied(until, SPEC, FILES, aws) == (False, "DELETE_IN_PROGRESS")  # type: ignore[arg-type]
-    assert lifecycle._satisfied(until, SPEC, FILES, aws) == (False, "throttled")  # type: ignore[arg-type]
-    assert lifecycle._satisfied(until, SPEC, FILES, aws) == (True, "ABSENT")  # type: ignore[arg-type]
+    assert apply_plan._satisfied(until, SPEC, FILES, aws) == (False, "DELETE_IN_PROGRESS")  # type: ignore[arg-type]
+    assert apply_plan._satisfied(until, SPEC, FILES, aws) == (False, "throttled")  # type: ignore[arg-type]
+    assert apply_plan._satisfied(until, SPEC, FILES, aws) == (True, "ABSENT")  # type: ignore[arg-type]
 
 
 # --- the CLI ------------------------------------------------------------------------------------

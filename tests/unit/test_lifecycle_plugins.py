@@ -17,7 +17,7 @@ import yaml
 
 from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.config.cluster import cluster_spec_from_yaml
-from trainlift.ops import kube, lifecycle
+from trainlift.ops import apply_plan, kube
 from trainlift.ops.eksctl import create_nodegroup
 from trainlift.ops.kube import Node, RayState, Release, parse_daemonsets
 from trainlift.ops.placement import Placement
@@ -106,7 +106,7 @@ def _kubectl_lists(monkeypatch, item: dict) -> list[list[str]]:
     ran: list[list[str]] = []
     listing = json.dumps({"kind": "DaemonSetList", "items": [item]})
     monkeypatch.setattr(kube, "run", lambda cmd, timeout: Completed(tuple(cmd), 0, listing))
-    monkeypatch.setattr(lifecycle, "check", lambda argv, *a, **k: ran.append(argv))
+    monkeypatch.setattr(apply_plan, "check", lambda argv, *a, **k: ran.append(argv))
     return ran
 
 
@@ -114,8 +114,8 @@ def test_apply_adopts_only_a_daemonset_helm_does_not_own(monkeypatch):
     adopt = Op("adopt", tuple(kube.helm_adopt("kc", "daemonset", EFA, "kube-system", EFA)),
                until=f"daemonset/kube-system/{EFA}={EFA}")
     ran = _kubectl_lists(monkeypatch, eksctl_daemonset())
-    lifecycle._apply_op(adopt, SPEC, FILES, aws=None, echo=print)  # type: ignore[arg-type]
+    apply_plan._apply_op(adopt, SPEC, FILES, aws=None, echo=print)  # type: ignore[arg-type]
     assert ran == [list(adopt.argv)]
     ran = _kubectl_lists(monkeypatch, helm_owned(eksctl_daemonset()))
-    lifecycle._apply_op(adopt, SPEC, FILES, aws=None, echo=print)  # type: ignore[arg-type]
+    apply_plan._apply_op(adopt, SPEC, FILES, aws=None, echo=print)  # type: ignore[arg-type]
     assert ran == []

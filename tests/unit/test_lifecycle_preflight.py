@@ -17,7 +17,7 @@ from trainlift.cli import app
 from trainlift.cloud.aws import CredentialsError
 from trainlift.config.cluster import cluster_spec_from_yaml
 from trainlift.errors import TrainliftError
-from trainlift.ops import lifecycle
+from trainlift.ops import apply_plan, lifecycle
 from trainlift.ops.placement import Placement
 from trainlift.ops.plan import Files, Observed, plan_up
 
@@ -49,12 +49,12 @@ def test_every_tool_present_does_not_block():
 
 def test_apply_runs_nothing_when_a_tool_is_missing(monkeypatch, tmp_path):
     ran: list[list[str]] = []
-    monkeypatch.setattr(lifecycle, "check", lambda argv, *a, **k: ran.append(argv))
+    monkeypatch.setattr(apply_plan, "check", lambda argv, *a, **k: ran.append(argv))
     seen = replace(Observed.nothing(), tools=dict(ALL_TOOLS, helm=False))
     plan = plan_up(SPEC, seen, PLACED, FILES)
     prepared = lifecycle.Prepared(SPEC, seen, {}, PLACED, Files(str(tmp_path)), [], aws=None)  # type: ignore[arg-type]
     with pytest.raises(TrainliftError, match="helm"):
-        lifecycle.apply(prepared, plan, echo=lambda line: None)
+        apply_plan.apply(prepared, plan, echo=lambda line: None)
     assert ran == []
 
 
@@ -92,7 +92,7 @@ def test_a_dry_run_without_credentials_plans_a_new_cluster_and_says_so(tmp_path,
     assert prepared.seen.assumed == "not looked up: no AWS credentials found"
     assert (tmp_path / "eksctl.yaml").exists() and (tmp_path / "k8s" / "20-raycluster.yaml").exists()
     with pytest.raises(TrainliftError, match="without observing"):
-        lifecycle.apply(prepared, plan, echo=lambda line: None)
+        apply_plan.apply(prepared, plan, echo=lambda line: None)
 
 
 def test_without_a_dry_run_missing_credentials_stop_everything(tmp_path):

@@ -17,7 +17,7 @@ import yaml
 
 from trainlift.config.cluster import parse_cluster_spec
 from trainlift.errors import TrainliftError
-from trainlift.ops import lifecycle
+from trainlift.ops import apply_plan
 from trainlift.cloud.eks_state import NodeGroupInfo
 from trainlift.ops.kube import RayState, parse_nodes
 from trainlift.ops.plan import Files, Observed, plan_up
@@ -89,6 +89,6 @@ def test_the_apply_time_check_reads_the_nodes_that_joined_since_the_plan(tmp_pat
     kubectl.chmod(kubectl.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(TrainliftError) as caught:
-        lifecycle._apply_op(FIT_OP, SPEC, Files(str(tmp_path)), None, print)
+        apply_plan._apply_op(FIT_OP, SPEC, Files(str(tmp_path)), None, print)
     assert "the ray-head pod fits 0 of 1 m7i.xlarge node(s) as they are" in caught.value.message
     assert "MiB left of its allocatable" in caught.value.message

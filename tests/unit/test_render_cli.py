@@ -181,19 +181,19 @@ def ecr(monkeypatch):
 
 def test_image_digest_of_an_ecr_tag(ecr):
     """ecr:DescribeImages against moto's ECR."""
-    from trainlift.cloud import aws
     from trainlift.cloud.capacity import Unknown
+    from trainlift.cloud.ecr import image_digest
 
-    assert aws.image_digest(f"{ECR_IMAGE}:v1") == ecr
-    missing = aws.image_digest(f"{ECR_IMAGE}:v2")
+    assert image_digest(f"{ECR_IMAGE}:v1") == ecr
+    missing = image_digest(f"{ECR_IMAGE}:v2")
     assert isinstance(missing, Unknown) and "ImageNotFoundException" in missing.reason
 
 
 def test_image_digest_needs_a_private_ecr_registry():
-    from trainlift.cloud import aws
     from trainlift.cloud.capacity import Unknown
+    from trainlift.cloud.ecr import image_digest
 
-    found = aws.image_digest(PINNED_DLC)
+    found = image_digest(PINNED_DLC)
     assert isinstance(found, Unknown) and "public.ecr.aws" in found.reason
 
 

@@ -90,7 +90,7 @@ def _confirm(yes: bool, what: str) -> None:
 
 
 def _apply(prepared, plan, json_out: bool, extra: dict | None = None) -> None:
-    from trainlift.ops.lifecycle import apply, image_pull_line
+    from trainlift.ops.apply_plan import apply, image_pull_line
 
     out = err_console if json_out else console
 

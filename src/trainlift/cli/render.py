@@ -100,7 +100,7 @@ def _cache_account(cluster: ClusterSpec) -> ClusterSpec:
 def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     """The spec with its image pinned by digest where its registry can be asked; otherwise a warning that names
     the image the pods run instead (the catalog's release tag for a floating DLC tag)."""
-    from trainlift.cloud import aws
+    from trainlift.cloud import ecr
 
     from trainlift.render.raycluster import image_ref
 
@@ -108,7 +108,7 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     target = image_ref(cluster)
     if "@" in target:
         return cluster, None
-    found = aws.image_digest(target)
+    found = ecr.image_digest(target)
     if isinstance(found, str):
         image = cluster.image.model_copy(update={"uri": f"{target}@{found}"})
         return cluster.model_copy(update={"image": image}), None

@@ -379,27 +379,3 @@ class Aws:
 
     def tag_cluster(self, arn: str, tags: dict[str, str]) -> None:
         self._required("eks:TagResource", lambda: self.client("eks").tag_resource(resourceArn=arn, tags=tags))
-
-
-def image_digest(image: str) -> str | Unknown:
-    """The digest a private ECR registry holds for `<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>`, through
-    ecr:DescribeImages; Unknown(reason) for other registries, without credentials, or when the call fails."""
-    import re
-
-    match = re.fullmatch(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/([^:@]+):([\w][\w.-]*)", image)
-    if match is None:
-        return Unknown(f"{image.split('/', 1)[0]} is not a private ECR registry, the only kind looked up "
-                       "(mirror the image into ECR to pin it by digest)")
-    account, region, repository, tag = match.groups()
-    try:
-        out = Aws(region).client("ecr").describe_images(
-            registryId=account, repositoryName=repository, imageIds=[{"imageTag": tag}])
-    except Exception as exc:
-        fatal = fatal_error(exc, "ecr:DescribeImages")
-        if fatal is not None:
-            return Unknown(f"ecr:DescribeImages: {fatal.message}")
-        if is_api_error(exc):
-            return Unknown(f"ecr:DescribeImages: {error_code(exc)}: {error_message(exc)}")
-        raise
-    details = out.get("imageDetails") or []
-    return details[0]["imageDigest"] if details else Unknown(f"ecr:DescribeImages: no image tagged {tag}")
