@@ -37,7 +37,8 @@ def test_sigterm_checkpoints_exits_3_and_the_rerun_resumes(tiny_assets, tmp_path
     assert in_flight, "the step-3 checkpoint was complete before the signal: nothing was in flight"
     assert (tmp_path / "runs" / "pre" / "checkpoint_00000003" / "COMPLETE").is_file()
     assert proc.returncode == 3, stderr[-2000:]
-    assert "SIGTERM received" in stderr and "resume with: trainlift train" in stderr
+    # run as `python -m trainlift`, the hint says so (a `trainlift` on PATH may not be this environment's)
+    assert "SIGTERM received" in stderr and "resume with: python -m trainlift train" in stderr
 
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
     stopped_at = max(steps)
