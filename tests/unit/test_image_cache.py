@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from botocore.stub import Stubber
 
-from trainlift.cloud.aws import Aws
 from trainlift.cloud.capacity import Unknown
 from trainlift.config.cluster import parse_cluster_spec
 from trainlift.errors import SpecError
@@ -75,23 +73,8 @@ def test_up_creates_the_rule_before_the_node_groups_and_leaves_an_existing_one()
     assert unknown.action == "blocked" and "ecr:DescribePullThroughCacheRules" in unknown.fix
 
 
-@pytest.fixture
-def ecr(monkeypatch, tmp_path):
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    aws = Aws("us-east-2")
-    stubber = Stubber(aws.client("ecr"))
-    stubber.activate()
-    yield aws, stubber
-    stubber.deactivate()
-
-
-def test_the_rule_is_read_from_ecr(ecr):
-    aws, stubber = ecr
+def test_the_rule_is_read_from_ecr(stubbed_aws):
+    aws, stubber = stubbed_aws("ecr")
     params = {"ecrRepositoryPrefixes": ["ecr-public"]}
     stubber.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [{
         "ecrRepositoryPrefix": "ecr-public", "upstreamRegistryUrl": "public.ecr.aws", "registryId": ACCOUNT,

@@ -49,18 +49,8 @@ def recorded_response() -> dict:
 
 
 @pytest.fixture
-def stubbed(monkeypatch, tmp_path) -> tuple[Aws, Stubber]:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_CLOUDFORMATION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    aws = Aws("us-east-2")
-    stubber = Stubber(aws.client("cloudformation"))
-    stubber.activate()
-    yield aws, stubber
-    stubber.deactivate()
+def stubbed(stubbed_aws) -> tuple[Aws, Stubber]:
+    return stubbed_aws("cloudformation")
 
 
 def no_stack(stubber: Stubber, name: str) -> None:
