@@ -20,6 +20,7 @@ from typing import Callable
 from trainlift.catalog.packages import ImageLock, cpu_requirements
 from trainlift.errors import TrainliftError
 from trainlift.ops import run
+from trainlift.home import trainlift_home
 
 INSTALL_TIMEOUT_S = 1800.0
 DONE = "built.json"  # written last: a directory without it is a build cut off, and is built again
@@ -53,7 +54,7 @@ def home() -> Path:
     """$TRAINLIFT_IMAGE_ENVS, else $TRAINLIFT_HOME/image-envs."""
     if override := os.environ.get("TRAINLIFT_IMAGE_ENVS"):
         return Path(override).expanduser()
-    return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "image-envs"
+    return trainlift_home() / "image-envs"
 
 
 def env_dir(lock: ImageLock) -> Path:

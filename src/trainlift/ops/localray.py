@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from trainlift.home import trainlift_home
 from trainlift.errors import TrainliftError
 from trainlift.ops import run
 
@@ -28,7 +29,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def state_file() -> Path:
-    return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "local.json"
+    return trainlift_home() / "local.json"
 
 
 def is_loopback(address: str) -> bool:

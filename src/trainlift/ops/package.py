@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trainlift
 from trainlift.errors import UsageError
+from trainlift.home import trainlift_home
 
 WHEEL_TAG = "py3-none-any"
 _SKIPPED_DIRS = {"__pycache__"}
@@ -31,7 +32,7 @@ _FILE_MODE = 0o644 << 16
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "packages"
+    return trainlift_home() / "packages"
 
 
 def source_dir() -> Path:

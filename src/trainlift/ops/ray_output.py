@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from trainlift.home import trainlift_home
 
 RAY_PRINT_HANDLER = "ray_print_logs"
 OWN_HANDLER = "trainlift_run_log"
@@ -222,7 +223,7 @@ def in_ray_job() -> bool:
 
 
 def home_log_path(name: str) -> Path:
-    return Path(os.environ.get("TRAINLIFT_HOME", "~/.trainlift")).expanduser() / "logs" / f"{name}.log"
+    return trainlift_home() / "logs" / f"{name}.log"
 
 
 def run_log_path(run_uri: str, run_name: str) -> Path:
