@@ -15,7 +15,6 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	rm -rf runs/tiny-demo
 	$(BIN)/trainlift train examples/tiny-local.yaml
 	$(BIN)/trainlift eval runs/tiny-demo/final --data examples/data/tasks-eval.jsonl --show 8
 

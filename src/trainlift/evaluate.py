@@ -46,6 +46,7 @@ def padding_tokenizer(model_dir: str):
 def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens: int = 16,
                 batch_size: int = 32) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     if not (Path(model_dir) / "config.json").is_file():
         raise UsageError(f"{model_dir}: not an HF model directory (no config.json)",
@@ -59,6 +60,7 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
     rows = read_jsonl(data_file, _detect_format(data_file))[:limit]
     tokenizer = padding_tokenizer(model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar would sit between trainlift's own lines
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
     triples = [_prompt_and_answer(r, tokenizer) for r in rows]
     samples = []

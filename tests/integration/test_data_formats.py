@@ -95,7 +95,7 @@ def test_a_cache_on_s3_storage_is_uploaded_once_and_downloaded_once_per_node(s3,
     train, _ = datacache.load_splits(spec, lambda: tokenizer, rank=0, keys=keys)
     expected = data.prepare(spec.data.train, spec.data.format, tokenizer, spec.data.seq_len)
     assert [r["input_ids"].tolist() for r in train.rows] == [r["input_ids"] for r in expected.rows]
-    local = tmp_path / "node-tmp" / "trainlift-data-cache" / key
+    local = tmp_path / "node-tmp" / f"trainlift-{os.geteuid()}" / "data-cache" / key
     copied = (local / "rows-00000.npy").stat().st_ino
     datacache.load_splits(spec, lambda: tokenizer, rank=1, keys=keys)  # another worker on the node: no second download
     assert (local / "rows-00000.npy").stat().st_ino == copied

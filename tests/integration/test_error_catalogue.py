@@ -72,6 +72,8 @@ def ws(tiny_assets, tmp_path_factory):
         "placement_no_kueue": str(root / "placement_no_kueue.yaml"),
         "cluster_key": str(root / "cluster_key.yaml"),
         "role_cluster": str(root / "role_cluster.yaml"),
+        "whole_bucket": str(root / "whole_bucket.yaml"),
+        "env_credentials": str(root / "env_credentials.yaml"),
         "s3_run": spec("s3_run.yaml", lambda s: s["run"].update(storage="s3://someone-elses-bucket/runs")),
         "model_dir": str(shutil.copytree(tiny_assets / "model", root / "model")),
         "quantized": spec("quantized.yaml", lambda s: s["model"].update(path=str(root / "fp8-model"))),
@@ -88,6 +90,8 @@ def ws(tiny_assets, tmp_path_factory):
     (root / "blocked" / "run").write_text("a file where the run directory goes")
     (root / "empty-model").mkdir()
     (root / "weird.log").mkdir()
+    (root / "shared-home").mkdir()
+    (root / "shared-home").chmod(0o777)
     cluster = {"name": "c", "region": "us-east-2", "availability_zones": ["us-east-2a", "us-east-2b"],
                "workers": [{"name": "g", "instance_type": "g6.12xlarge", "count": 2, "availability_zones": ["us-east-2a"]}]}
 
@@ -104,6 +108,9 @@ def ws(tiny_assets, tmp_path_factory):
     cluster_file("placement_no_kueue", lambda c: c.update(scheduler="none", placement="required"))
     cluster_file("cluster_key", lambda c: c.update(regoin="us-east-1"))
     cluster_file("role_cluster", lambda c: c.update(storage={"s3": {"uri": "s3://my-trainlift-checkpoints/ray-train"}}))
+    cluster_file("whole_bucket", lambda c: c.update(storage={"s3": {"uri": "s3://my-trainlift-checkpoints"}}))
+    cluster_file("env_credentials", lambda c: c.update(
+        env={"MLFLOW_TRACKING_URI": "https://bob:plantedsecret@mlflow.example"}))
     return root, files
 
 
@@ -120,6 +127,8 @@ CASES = {
     "spec-bad-run-name": lambda f, r: ["train", f["bad_name"]],
     "set-without-equals": lambda f, r: ["train", f["good"], "--set", "train.steps"],
     "set-through-a-value": lambda f, r: ["train", f["good"], "--set", "run.name.x=1"],
+    "set-uri-with-credentials": lambda f, r: ["train", f["good"], "--set",
+                                              "run.mlflow_uri=https://bob:plantedsecret@mlflow.example"],
     "data-file-missing": lambda f, r: ["train", f["no_data"]],
     "data-bad-json-line": lambda f, r: ["train", f["bad_json"]],
     "data-missing-format-keys": lambda f, r: ["train", f["no_key"]],
@@ -148,6 +157,7 @@ CASES = {
     "cluster-spec-missing": lambda f, r: ["cluster", "status", f"{r}/nope.yaml"],
     "rehearse-not-a-render": lambda f, r: ["rehearse", f"{r}/nope"],
     "local-up-bad-port": lambda f, r: ["local", "up", "--port", "99999"],
+    "home-writable-by-others": lambda f, r: ["local", "status"],
     "doctor-mlflow-uri-with-credentials": lambda f, r: ["doctor", "--mlflow-uri", "https://bob:pw@mlflow.example"],
     "submit-spec-outside-workdir": lambda f, r: ["submit", f["good"], "--working-dir", f"{r}/blocked"],
     "submit-no-address": lambda f, r: ["submit", "good.yaml", "--working-dir", r],
@@ -162,6 +172,8 @@ CASES = {
     "jobs-unreachable-address": lambda f, r: ["jobs", "list", "--address", "http://127.0.0.1:9"],
     "jobs-status-head-gone": lambda f, r: ["jobs", "status", "trainlift-run-1", "--address", "http://127.0.0.1:9"],
     "jobs-status-kubeconfig-missing": lambda f, r: ["jobs", "status", "fine-tune", "--kubeconfig", f"{r}/nope"],
+    "submit-env-uri-with-credentials": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--env",
+                                                     "MLFLOW_TRACKING_URI=https://bob:plantedsecret@mlflow.example"],
     "submit-head-gone": lambda f, r: ["submit", "good.yaml", "--working-dir", r, "--address", "http://127.0.0.1:9"],
     "doctor-topology-kubeconfig-missing": lambda f, r: ["doctor", "topology", "job-raycluster", "--kubeconfig",
                                                         f"{r}/nope"],
@@ -176,6 +188,8 @@ CASES = {
     "cluster-placement-without-kueue": lambda f, r: ["render", f["placement_no_kueue"], "--check"],
     "cluster-too-many-gpus": lambda f, r: ["render", f["too_many_gpus"], "--check"],
     "cluster-inline-secret": lambda f, r: ["render", f["inline_secret"], "--check"],
+    "cluster-s3-whole-bucket": lambda f, r: ["render", f["whole_bucket"], "--check"],
+    "cluster-env-uri-with-credentials": lambda f, r: ["render", f["env_credentials"], "--check"],
     "capacity-unknown-region": lambda f, r: ["capacity", "g6.12xlarge", "--region", "mars-1"],
     "capacity-no-credentials": lambda f, r: ["capacity", "g6.12xlarge", "--region", "us-east-2"],
     "price-not-in-catalog": lambda f, r: ["price", "p5.48xlarge", "--region", "eu-west-1"],
@@ -190,6 +204,7 @@ CASES = {
 
 # id -> environment the mistake needs on top of the isolated one; the documented command shows it.
 CASE_ENV = {
+    "home-writable-by-others": {"TRAINLIFT_HOME": "shared-home"},
     "price-live-unreachable": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                                "AWS_MAX_ATTEMPTS": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
 }

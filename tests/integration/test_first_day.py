@@ -43,8 +43,10 @@ def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_r
     project = tmp_path / "project"
     shutil.copytree(tiny_assets / "model", project / "model")
     shutil.copy(tiny_assets / "train.jsonl", project / "train.jsonl")
+    shutil.copy(tiny_assets / "eval.jsonl", project / "eval.jsonl")
     (project / "job.yaml").write_text(yaml.safe_dump({
-        "model": {"path": "model"}, "data": {"train": "train.jsonl", "seq_len": 64},
+        "model": {"path": "model"}, "data": {"train": "train.jsonl", "eval": "eval.jsonl", "seq_len": 64,
+                                             "eval_examples": 8},
         "train": {"steps": 4, "micro_batch_size": 2, "warmup_steps": 1},
         "run": {"name": "firstday", "storage": "runs"}}))
     stopped = run([str(BIN / "trainlift"), "train", "project/job.yaml", "--stop-at-step", "2"], tmp_path)
@@ -54,15 +56,24 @@ def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_r
     program = "trainlift" if shutil.which("trainlift") == str(BIN / "trainlift") else str(BIN / "trainlift")
     assert advice and advice.group(1) == f"{program} train project/job.yaml", stopped.stderr
 
+    assert "Ray: starting an embedded local Ray in this process" in stopped.stderr
+    stopped_summary = json.loads((project / "runs" / "firstday" / "summary.json").read_text())
+    assert stopped_summary["initial_eval_loss"] is not None and stopped_summary["eval_loss"] is None
+
     resumed = run([*shlex.split(advice.group(1)), "--json"], tmp_path)  # the printed command, as printed
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["steps"] == 4  # on to train.steps, not one step past the stop
+    summary = json.loads(resumed.stdout)
+    assert summary["steps"] == 4  # on to train.steps, not one step past the stop
+    assert summary["initial_eval_loss"] == stopped_summary["initial_eval_loss"] and summary["eval_loss"] is not None
 
     run_dir = project / "runs" / "firstday"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     again = run([str(BIN / "trainlift"), "train", "job.yaml"], project)
     assert again.returncode == 0, again.stderr
     assert "already finished at step 4" in again.stderr and "--steps" in again.stderr
+    changed = run([str(BIN / "trainlift"), "train", "job.yaml", "--set", "train.lr=0.01", "--steps", "6"], project)
+    assert changed.returncode == 2 and changed.stderr.strip().splitlines()[0] == (
+        "error: run firstday was started with another spec: train.lr 0.0003 → 0.01"), changed.stderr
     # Byte for byte: summary.json, and driver.log, which every start of Ray adds a header to.
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
     json.loads(before["summary.json"], parse_constant=lambda c: pytest.fail(f"summary.json holds {c}"))

@@ -40,7 +40,7 @@ def zip_dir(source: Path, target: Path, inside: str = "") -> None:
 
 @pytest.fixture
 def project(monkeypatch, tmp_path, tiny_assets, image_env):
-    """A project (tiny model, data, job spec) zipped to S3 with trainlift's wheel, as README's EKS section says."""
+    """A project (tiny model, data, job spec) zipped to S3 with trainlift's wheel, as docs/eks.md says."""
     h.use(monkeypatch, tmp_path)
     s3 = boto3.client("s3", region_name="us-east-2")
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
@@ -65,16 +65,16 @@ def render(root: Path, out: Path, trainlift_uri: str, job: str = "job.yaml") -> 
 
 
 def readme_rehearsal() -> list[str]:
-    """The `trainlift rehearse` command of README's reference rehearsal, as a user would paste it."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### Rehearse before you pay"):text.index("### The cluster spec")]
+    """The `trainlift rehearse` command of the reference rehearsal in docs/rehearse.md, as a user would paste it."""
+    text = (REPO / "docs" / "rehearse.md").read_text()
+    section = text[text.index("## The reference job, rehearsed"):]
     lines = section.replace("\\\n", " ").splitlines()
     return shlex.split(next(line for line in lines if line.startswith("trainlift rehearse ")))
 
 
 def test_the_reference_job_rehearses_as_the_readme_shows(monkeypatch, tmp_path, image_env):
     """examples/qwen2.5-1.5b-eks.yaml on examples/cluster-reference.yaml (GPUs, bf16, 8 CPUs a worker), rehearsed
-    with README's command in the image's environment: no `--set` beyond the model's size and the steps."""
+    with the docs' command in the image's environment: no `--set` beyond the model's size and the steps."""
     h.use(monkeypatch, tmp_path)
     s3 = boto3.client("s3", region_name="us-east-2")
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})

@@ -79,6 +79,7 @@ CASES = [
     ("memlock", {"memlock_bytes": 64 * 1024}, "efa", "error", "memlock limited"),
     ("memlock", {"memlock_bytes": 64 * 1024}, "any", "warning", "memlock limited"),
     ("memlock", {"memlock_bytes": 64 * 1024}, "socket", "ok", "memlock limited"),
+    ("memlock", {"memlock_bytes": 64 * 1024, "uverbs": [], "fi_info_efa": "absent"}, "any", "ok", "no EFA device"),
     ("cuda_driver", {"driver": "535.104.12", "driver_cuda": "12.2"}, "efa", "error", "newer than driver"),
     ("cuda_driver", {"driver": "575.51.03", "driver_cuda": None}, "efa", "error", "newer than driver"),
     ("cuda_driver", {"torch": "2.13.0+cpu", "torch_cuda": None}, "efa", "error", "CPU build"),

@@ -1,7 +1,7 @@
 """Every example job fits the example cluster it is written for, by the real `trainlift estimate --json`.
 
-This runs `estimate` on every (job, cluster) example pair that README.md pairs (its `estimate`, `render --job` and
-`submit --cluster` commands) and that the job files' headers pair (their commands and their `estimate: X of Y GiB per
+This runs `estimate` on every (job, cluster) example pair that the docs pair (the `estimate`, `render --job` and
+`submit --cluster` commands of README.md and docs/*.md) and that the job files' headers pair (their commands and their `estimate: X of Y GiB per
 GPU on CLUSTER` line), through the CLI a user runs, and asserts the estimate's own verdict and its numbers: the
 per-GPU total under the GPU's memory. No Hugging Face hub is reachable here, so each job's model config.json is
 replaced by the copy shipped in examples/model-configs/ (`--model-config`): the same shapes the hub serves, and the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from trainlift.config.cluster import cluster_spec_from_yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CONFIGS = EXAMPLES / "model-configs"
+docs_text = runpy.run_path(str(ROOT / "tests" / "docs_text.py"))["docs_text"]  # README.md and docs/*.md
 runner = CliRunner()
 
 # The shipped config.json of each hub model the examples name.
@@ -81,7 +83,7 @@ def _pairs_in(text: str, job_file: str | None = None) -> set[tuple[str, str]]:
 
 
 def test_the_readme_and_the_job_files_pair_exactly_the_intended_examples():
-    readme = _pairs_in((ROOT / "README.md").read_text())
+    readme = _pairs_in(docs_text())
     headers = set().union(*(_pairs_in((EXAMPLES / job).read_text(), job) for job in JOBS))
     assert ("qwen2.5-1.5b-eks.yaml", "cluster-reference.yaml") in readme
     assert ("llama-3.1-70b-eks.yaml", "cluster-p5.yaml") in readme

@@ -23,7 +23,7 @@ BASE: dict[str, Any] = {
     "name": "train",
     "availability_zones": ["us-east-2a", "us-east-2b"],
     "workers": [{"instance_type": "g6.12xlarge", "count": 2, "availability_zones": ["us-east-2a"]}],
-    "storage": {"s3": {"uri": "s3://ckpt-bucket/ray-train"}},
+    "storage": {"s3": {"uri": "s3://ckpt-bucket/ray-train", "read": ["s3://ckpt-bucket/code"]}},
 }
 
 
@@ -34,35 +34,35 @@ def cluster(**storage: Any):
     return parse_cluster_spec(data)
 
 
-def job(working_dir: str, trainlift_uri: str = "s3://ckpt-bucket/ray-train/code/trainlift.zip") -> JobInputs:
+def job(working_dir: str, trainlift_uri: str = "s3://ckpt-bucket/code/trainlift.zip") -> JobInputs:
     return JobInputs(name="sft", spec_path="job.yaml", workers=8, working_dir=working_dir, trainlift_uri=trainlift_uri)
 
 
-def test_uris_under_the_storage_prefix_render():
-    manifests = render_cluster(cluster(), job("s3://ckpt-bucket/ray-train/code/job.zip"),
+def test_uris_the_role_covers_render():
+    manifests = render_cluster(cluster(), job("s3://ckpt-bucket/code/job.zip"),
                                s3_uses=[S3Use("run.storage", "s3://ckpt-bucket/ray-train", write=True)])
     assert any(m.kind == "RayJob" for m in manifests)
 
 
 def test_a_working_dir_outside_the_prefix_is_refused_in_one_line():
     with pytest.raises(SpecError) as info:
-        render_cluster(cluster(), job("s3://ckpt-bucket/code/job.zip"))
+        render_cluster(cluster(), job("s3://ckpt-bucket/elsewhere/job.zip"))
     line = info.value.one_line()
     assert "\n" not in line
-    assert line.startswith("runtime_env.working_dir: s3://ckpt-bucket/code/job.zip is outside")
+    assert line.startswith("runtime_env.working_dir: s3://ckpt-bucket/elsewhere/job.zip is outside")
     assert "s3://ckpt-bucket/ray-train/" in line and "storage.s3.read" in line
 
 
 def test_py_modules_in_another_bucket_is_refused():
     with pytest.raises(SpecError, match=r"^runtime_env\.py_modules: s3://other/trainlift\.zip"):
-        render_cluster(cluster(), job("s3://ckpt-bucket/ray-train/code/job.zip", "s3://other/trainlift.zip"))
+        render_cluster(cluster(), job("s3://ckpt-bucket/code/job.zip", "s3://other/trainlift.zip"))
 
 
 def test_a_run_storage_elsewhere_is_refused_by_render():
     uses = [S3Use("run.storage", "s3://my-training-bucket/trainlift", write=True)]
     with pytest.raises(SpecError, match=r"^run\.storage: s3://my-training-bucket/trainlift is outside what the "
                                         r"pods' S3 role may write"):
-        render_cluster(cluster(), job("s3://ckpt-bucket/ray-train/code/job.zip"), s3_uses=uses)
+        render_cluster(cluster(), job("s3://ckpt-bucket/code/job.zip"), s3_uses=uses)
 
 
 def test_a_sibling_prefix_is_not_under_the_prefix():

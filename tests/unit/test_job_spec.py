@@ -112,3 +112,15 @@ def test_a_model_built_from_its_config_is_not_saved_to_s3():
     with pytest.raises(SpecError, match=r"model.path: s3://b/m cannot take a model built from model.config"):
         validate_job_spec({"model": {"path": "s3://b/m", "config": {"model_type": "llama"}},
                            "data": {"train": "t.jsonl"}})
+
+
+def test_a_set_typo_is_blamed_on_the_set_with_the_key_it_meant():
+    with pytest.raises(SpecError) as caught:
+        load_job_spec(REPO / "examples" / "tiny-local.yaml", ["train.stpes=3"])
+    assert caught.value.message == "--set train.stpes=3: train.stpes: unknown key (did you mean train.steps?)"
+    with pytest.raises(SpecError) as caught:
+        load_job_spec(REPO / "examples" / "tiny-local.yaml", ["trian.steps=3"])
+    assert caught.value.message == "--set trian.steps=3: trian: unknown key (did you mean train?)"
+    with pytest.raises(SpecError) as caught:
+        load_job_spec(REPO / "examples" / "tiny-local.yaml", ["model.lora.rr=3"])
+    assert caught.value.message.endswith("model.lora.rr: unknown key (did you mean model.lora.r?)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import date
 from importlib import resources
 
+import json
 import pytest
 import yaml
 
@@ -51,3 +52,17 @@ def test_what_the_catalog_does_not_know_is_none_not_a_guess():
     assert catalog.on_demand_price("p5.48xlarge", "us-east-2") is None
     assert catalog.on_demand_price("p5e.48xlarge", "us-east-1") is None
     assert catalog.on_demand_price("g9.huge", "us-east-1") is None
+
+
+def test_price_and_estimate_share_a_default_region(monkeypatch, tmp_path):
+    """With no region configured anywhere, `price` answers for us-east-1 as `estimate` does, instead of refusing."""
+    from typer.testing import CliRunner
+
+    from trainlift.cli import app
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    done = CliRunner().invoke(app, ["price", "p5.48xlarge", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["region"] == "us-east-1"

@@ -67,3 +67,46 @@ def test_an_unknown_progress_mode_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(app, ["train", str(tmp_path / "job.yaml")], env={jobs.PROGRESS_ENV: "fancy"})
     assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
     assert "--progress 'fancy'" in result.exception.one_line() and "TRAINLIFT_PROGRESS" in result.exception.one_line()
+
+
+def test_the_eta_leaves_out_warm_up_and_counts_from_a_resumed_step():
+    """Step 1 took 60 s (compilation), then 2 s a step: at step 29 of 200 the ETA is 171 × 2 s, not the
+    0:00:06 a bar that averaged from step 0 of a resumed count showed."""
+    from trainlift.cli.progress import Eta
+
+    clock = Clock()
+    eta = Eta(clock)
+    eta.restarted(0)
+    clock.now += 60
+    assert eta(step(1, 200)) is None
+    for n in range(2, 30):
+        clock.now += 2
+        left = eta(step(n, 200))
+    assert left == (200 - 29) * 2.0
+    eta.restarted(150)  # resumed at 150: its rate is measured again, not carried over from 0
+    clock.now += 30
+    assert eta(step(151, 200)) is None and eta(step(152, 200)) is None
+    clock.now += 4
+    assert eta(step(154, 200)) == (200 - 154) * 2.0
+
+
+def test_on_a_terminal_the_start_line_and_notes_stay_above_the_bar(monkeypatch):
+    from rich.console import Console
+
+    from trainlift.cli import train as train_cli
+    from trainlift.config.job import load_job_spec
+
+    terminal = Console(record=True, force_terminal=True, width=120, file=io.StringIO())
+    monkeypatch.setattr(train_cli, "console", terminal)
+    job = load_job_spec("examples/tiny-local.yaml", ["train.steps=10"])
+    with train_cli._progress_display(job, "auto", 30, hidden=False) as on_update:
+        on_update({"event": "note", "text": "Ray: starting an embedded local Ray in this process"})
+        start = {"event": "start", "step": 0, "world": 2, "resumed_from": None, "time": 5.0, "attention": "sdpa"}
+        on_update(start)
+        on_update(start)
+        for n in range(1, 11):
+            on_update(step(n))
+    text = terminal.export_text()
+    assert text.count("started on 2 workers, attention sdpa\n") == 1
+    assert text.index("Ray: starting") < text.index("started on 2 workers") < text.rindex("10/10")
+    assert "ETA " in text

@@ -24,7 +24,8 @@ def test_rays_console_lines_go_to_the_log_file_and_not_the_console(tmp_path, cap
         printer = sys.modules["ray._private.worker"].print_to_stdstream
         output.attach_workers()
         output._worker_batch({"pid": 41, "ip": "10.0.0.1", "actor_name": "RayTrainWorker",
-                              "lines": ["Setting up process group", "trainlift: the tensorboard tracker did not start"]})
+                              "lines": ["Setting up process group", "trainlift: the tensorboard tracker did not start",
+                                        "\x1b[33m(raylet)\x1b[0m [2026-12-07 W] coloured for a terminal"]})
         sys.modules["ray._private.worker"].print_to_stdstream(
             {"pid": "raylet", "lines": ["A worker died or was killed while executing a task by an unexpected system "
                                         "error. To troubleshoot the problem, check the logs."], "is_err": False})
@@ -35,6 +36,7 @@ def test_rays_console_lines_go_to_the_log_file_and_not_the_console(tmp_path, cap
     text = log.read_text()
     assert "Token authentication is enabled" in text and "(RayTrainWorker pid=41, 10.0.0.1) Setting up" in text
     assert "(raylet) A worker died" in text
+    assert "\x1b" not in text and "(raylet) [2026-12-07 W] coloured for a terminal" in text  # plain text in the file
     assert said == "A worker died or was killed while executing a task by an unexpected system error."
     assert all(name != ray_output.OWN_HANDLER for name, _ in ray_output.dispatcher().handlers)  # detached
     assert sys.modules["ray._private.worker"].print_to_stdstream is printer  # Ray's own again

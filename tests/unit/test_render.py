@@ -268,7 +268,7 @@ def test_rayjob_rules():
         render_rayjob(make(), job(workers=16))
     with pytest.raises(SpecError, match=r"runtime_env\.working_dir: \./ is a local path"):
         render_rayjob(make(), job(working_dir="./"))
-    with pytest.raises(SpecError, match=r"runtime_env\.py_modules: no trainlift package is not a remote URI"):
+    with pytest.raises(SpecError, match=r"runtime_env\.py_modules: no trainlift package is given; the cluster"):
         render_rayjob(make(), job(trainlift_uri=None))
 
 
@@ -290,7 +290,8 @@ def test_rayjob_starts_the_job_as_submit_does(tmp_path):
 
 
 def test_render_cluster_with_a_job_adds_the_rayjob():
-    manifests = by_path(render_cluster(make(storage={"s3": {"uri": "s3://bucket"}}), job()))
+    storage = {"s3": {"uri": "s3://bucket/runs", "read": ["s3://bucket/code.zip", "s3://bucket/trainlift.zip"]}}
+    manifests = by_path(render_cluster(make(storage=storage), job()))
     assert manifests["k8s/30-rayjob.yaml"]["kind"] == "RayJob"
 
 

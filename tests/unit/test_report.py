@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,20 @@ def test_runs_and_report_say_what_is_wrong_with_a_bad_path(tmp_path):
     (tmp_path / "plain").mkdir()
     not_run = CliRunner().invoke(app, ["report", str(tmp_path / "plain")])
     assert isinstance(not_run.exception, UsageError) and "not a trainlift run directory" in not_run.exception.one_line()
+
+
+def test_a_report_lands_in_the_local_run_directory_not_the_working_one(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from trainlift.cli import app
+    from trainlift.cli.report import default_output
+
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "lr": 1e-3, "time": s}) + "\n"
+                                               for s in (1, 2, 3)))
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, ["report", "runs/demo"])
+    assert done.exit_code == 0, done.output
+    assert (run / "report.html").is_file() and not list(tmp_path.glob("*.html"))
+    assert default_output("s3://bucket/runs/demo", "demo") == Path("demo-report.html")

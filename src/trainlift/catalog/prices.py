@@ -26,6 +26,9 @@ class Price(BaseModel):
         return {**self.model_dump(), "as_of": self.as_of.isoformat()}
 
 
+PRICE_REGION = "us-east-1"  # where `price` and `estimate` look prices up when no region is configured
+
+
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
     return yaml.safe_load(resources.files("trainlift.catalog").joinpath("prices.yaml").read_text())

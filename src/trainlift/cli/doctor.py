@@ -119,14 +119,11 @@ def _wanted_packages() -> JobPackages:
 
 def _mlflow_env(uri: str | None) -> dict[str, str]:
     """What the probe needs in every node's environment to check MLflow: the URI, never a credential."""
-    from trainlift.redact import uri_credentials
+    from trainlift.redact import refuse_uri_credentials
 
     if not uri:
         return {}
-    if uri_credentials(uri) != uri:
-        raise UsageError("--mlflow-uri: the URI holds credentials, which would be shown wherever it is passed",
-                         hint="drop user:password@ and set MLFLOW_TRACKING_USERNAME/_PASSWORD (a Kubernetes Secret "
-                              "on a cluster)")
+    refuse_uri_credentials("--mlflow-uri", uri)
     return {"MLFLOW_TRACKING_URI": uri}
 
 

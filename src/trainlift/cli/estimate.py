@@ -33,7 +33,8 @@ def estimate(
                                            "(instead of --cluster)."),
     nodes: int = typer.Option(1, "--nodes", min=1, help="Instances of --instance."),
     region: Optional[str] = typer.Option(None, "--region", "-r", help="Region of --instance's price (default: "
-                                         "AWS_REGION, else us-east-1); --cluster prices in the spec's region."),
+                                         "AWS_REGION, AWS_DEFAULT_REGION or the profile's region, else us-east-1); --cluster prices in the "
+                                         "spec's region."),
     live: bool = typer.Option(False, "--live", help="Ask AWS's Price List API for today's prices (needs "
                               "credentials) instead of the catalog's dated ones."),
     model_config: Optional[Path] = typer.Option(
@@ -74,6 +75,8 @@ def estimate(
 
 def _target(cluster: Optional[Path], instance: Optional[str], nodes: int, region: Optional[str], live: bool):
     from trainlift import catalog
+    from trainlift.catalog.prices import PRICE_REGION
+    from trainlift.cloud.aws import default_region
     from trainlift.estimate.plan import Target
 
     if cluster is None and instance is None:
@@ -90,7 +93,7 @@ def _target(cluster: Optional[Path], instance: Optional[str], nodes: int, region
         nodes = sum(w.count for w in spec.workers)
         usd, source = _cluster_price(spec, live)
     else:
-        profile, region = catalog.lookup(instance), region or os.environ.get("AWS_REGION") or "us-east-1"
+        profile, region = catalog.lookup(instance), region or default_region() or PRICE_REGION
         usd, source = _instances_price(instance, nodes, region, live)
     if not profile.gpus:
         raise UsageError(f"{profile.instance_type} has no GPUs", hint="estimate a GPU instance type, e.g. "

@@ -80,7 +80,7 @@ def _job_message(job_client, job_id: str) -> str | None:
         return None
 
 
-def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str]):
+def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str], include_ignored: bool):
     """The spec, its path inside the working dir, and the plan of what of that directory travels; a relative local
     run.storage is pointed back at the submitting side (not the job's temporary copy) and left behind."""
     from trainlift.config.job import load_job_spec
@@ -98,11 +98,22 @@ def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude
         if storage.is_relative_to(root) and storage != root:
             extra.append(f"/{storage.relative_to(root).as_posix()}/")
         overrides.append(f"run.storage={storage}")
-    plan = workdir.scan(root, list(exclude) + extra)
+    return spec, spec_path, workdir.scan(root, list(exclude) + extra, include_ignored)
+
+
+def _show_upload(plan, dry_run: bool, json_out: bool) -> None:
+    """With --dry-run, what would travel and what stays behind, and why; else a warning per credential file held
+    back. Either way an oversized directory stops here."""
+    from trainlift.ops import workdir
+
+    if dry_run and json_out:
+        print_json(workdir.describe(plan))
+    elif dry_run:
+        console.print("\n".join(workdir.listing(plan)), markup=False, highlight=False)
+    else:
+        for name in plan.credentials:
+            err_console.print(f"[yellow]warning:[/] not uploading credential file {name}", highlight=False)
     workdir.check_size(plan)
-    for name in plan.credentials:
-        err_console.print(f"[yellow]warning:[/] not uploading credential-like file {name}")
-    return spec, spec_path, plan
 
 
 def _detached(job_client, job_id: str, address: str, json_out: bool, details: dict) -> None:
@@ -125,6 +136,10 @@ def submit(
                                   "environment (a Kubernetes Secret in the cluster spec's `secrets`)."),
     working_dir: Path = typer.Option(Path("."), help="Project directory shipped as the job's working_dir."),
     exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
+    include_ignored: bool = typer.Option(False, "--include-ignored", help="Also upload what git ignores "
+                                         "(.gitignore, .git/info/exclude); credential files never travel."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the files that would be uploaded and those left "
+                                 "out with the reason, check the spec, and stop before contacting any cluster."),
     cluster: Optional[Path] = typer.Option(
         None, "--cluster", help="The cluster spec the job runs on: its S3 role must reach run.storage and the data "
         "and its pods must get the job's MLflow credentials (checked before anything is uploaded)."),
@@ -135,26 +150,33 @@ def submit(
         "(default .trainlift/<name>/); the head is reached through kubectl port-forward for as long as submit runs."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Ray's own lines: the SDK's while "
                                  "uploading, the job's workers' while following (all are in the job's log)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the job id and final status as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the job id and final status (with --dry-run: the "
+                                  "upload) as JSON."),
 ) -> None:
     """Submit a job spec to a Ray cluster through the Job Submission API.
 
-    The project directory travels as working_dir (without .git, virtualenvs, caches, runs and what .gitignore
-    excludes) and trainlift itself as a wheel in py_modules. Submitting the same spec again attaches to its job
-    while that is pending or running; once it has ended (failed, stopped), a new attempt `<id>-2`, `<id>-3`, ...
-    resumes from the newest checkpoint. A different spec with the same run name is refused while that run has an
-    active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
+    The project directory travels as working_dir (without credential files, .git, virtualenvs, caches, runs and
+    what git ignores; --dry-run lists it) and trainlift itself as a wheel in py_modules. Submitting the same spec
+    again attaches to its job while that is pending or running; once it has ended (failed, stopped), a new attempt
+    `<id>-2`, `<id>-3`, ... resumes from the newest checkpoint. A different spec with the same run name is refused
+    while that run has an active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
     from trainlift.cli.estimate import check_fits_cluster
     from trainlift.ops import jobs
+    from trainlift.redact import refuse_uri_credentials
 
     env_vars = jobs.parse_env(env, os.environ)
+    for requirement in pip:
+        refuse_uri_credentials("--pip", requirement)
     overrides = list(set_)
-    spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude)
+    spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude, include_ignored)
+    _show_upload(plan, dry_run, json_out)
     lock, cluster_spec = None, None
     if cluster is not None:
         cluster_spec, lock = _check_cluster_serves(cluster, spec)
         check_fits_cluster(spec, spec_file, cluster, force, json_out)
+    if dry_run:
+        return
     with _head(cluster_spec, cluster_dir, address, json_out) as forwarded:
         _submit(spec, spec_path, plan, overrides, lock, jobs.resolve_address(forwarded or address), pip, env_vars,
                 submission_id, follow, json_out, verbose)
@@ -164,7 +186,8 @@ def _head(cluster_spec, cluster_dir: Path | None, address: str | None, quiet: bo
     """The forwarded head of the --cluster's RayCluster when no address was given; else nothing to do."""
     from contextlib import nullcontext
 
-    from trainlift.ops.forward import head_dashboard
+    from trainlift.ops.jobs import forwarded_head
+    from trainlift.render.raycluster import auth_secret_name
 
     if cluster_spec is None or address or os.environ.get("RAY_ADDRESS"):
         return nullcontext(None)
@@ -172,12 +195,12 @@ def _head(cluster_spec, cluster_dir: Path | None, address: str | None, quiet: bo
     if not quiet:
         err_console.print(f"reaching the head of {cluster_spec.name} through kubectl port-forward "
                           f"svc/{cluster_spec.name}-head-svc ({root / 'kubeconfig'})", highlight=False)
-    return head_dashboard(root / "kubeconfig", cluster_spec.namespace, cluster_spec.name)
+    return forwarded_head(root / "kubeconfig", cluster_spec.namespace, cluster_spec.name, auth_secret_name(cluster_spec))
 
 
 def _submit(spec, spec_path: Path, plan, overrides: list[str], lock, address: str, pip: list[str], env_vars: dict,
             submission_id: str | None, follow: bool, json_out: bool, verbose: bool) -> None:
-    from trainlift.ops import jobs, localray, ray_output
+    from trainlift.ops import jobs, localray, ray_output, workdir
 
     job_pip = _job_pip(spec, lock, address)
     if not spec.is_remote_storage and not localray.is_loopback(address):
@@ -187,7 +210,7 @@ def _submit(spec, spec_path: Path, plan, overrides: list[str], lock, address: st
     runtime_env = jobs.runtime_env(plan.root, plan.excludes, job_pip + list(pip), env_vars)
     job_id = submission_id or jobs.submission_id(spec.run.name, spec_path.read_text(), entry, runtime_env)
     # What Ray's SDK says while uploading and streaming goes to a log file, not the console.
-    with ray_output.RunOutput(ray_output.home_log_path(f"submit-{spec.run.name}"), verbose):
+    with ray_output.RunOutput(ray_output.home_log_path(f"submit-{spec.run.name}"), verbose), workdir.uploading(plan):
         _submit_and_follow(spec, plan, entry, runtime_env, job_id, address, follow, json_out, verbose)
 
 
@@ -350,8 +373,8 @@ def local_up(port: int = typer.Option(8265, min=1, max=65535, help="Dashboard po
              json_out: bool = typer.Option(False, "--json")) -> None:
     """Start a local Ray head; submit and train then use it by default.
 
-    The dashboard (Jobs API) listens on 127.0.0.1 only. Ray's GCS port listens on every interface, as Ray binds
-    it, so the head requires Ray's token (token authentication on, the token in ~/.ray/auth_token)."""
+    Every server of the head (Jobs API, GCS, metrics) listens on 127.0.0.1 only, and it requires Ray's token
+    (~/.ray/auth_token, written 0600 on first use; RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH name another)."""
     from trainlift.ops import localray
 
     state = localray.up(port=port, num_cpus=num_cpus)
@@ -360,7 +383,7 @@ def local_up(port: int = typer.Option(8265, min=1, max=65535, help="Dashboard po
     else:
         verb = "started" if state["started"] else "already running"
         console.print(f"local Ray head {verb}: dashboard {state['dashboard_url']} (loopback only), GCS "
-                      f"{state['gcs_address']} (Ray listens on every interface; its token is required)")
+                      f"{state['gcs_address']} (loopback only; Ray's token is required)")
 
 
 @local_app.command("status")

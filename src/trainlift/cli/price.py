@@ -15,7 +15,7 @@ def price(
     instance_type: str = typer.Argument(..., metavar="INSTANCE_TYPE", help="EC2 instance type, e.g. g6.12xlarge."),
     region: Optional[str] = typer.Option(
         None, "--region", "-r", help="AWS region, e.g. us-east-2; default: AWS_REGION, AWS_DEFAULT_REGION or the "
-        "profile's region."),
+        "profile's region, else us-east-1 (as `estimate`)."),
     live: bool = typer.Option(False, "--live", help="Ask AWS's Price List API (needs credentials) instead of the "
                               "catalog."),
     json_out: bool = typer.Option(False, "--json", help="Print the price as JSON."),
@@ -28,10 +28,9 @@ def price(
     Example: trainlift price p5.48xlarge --region us-east-1 --live
     """
     from trainlift.catalog import on_demand_price, price_regions
+    from trainlift.catalog.prices import PRICE_REGION
     from trainlift.cloud.aws import Aws, check_region, default_region
-    region = region or default_region()
-    if not region:
-        raise UsageError("no AWS region: pass --region or set AWS_REGION", hint="e.g. --region us-east-2")
+    region = region or default_region() or PRICE_REGION
     check_region(region)
     found = Aws(region).on_demand_price(instance_type) if live else on_demand_price(instance_type, region)
     if found is None:

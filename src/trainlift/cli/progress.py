@@ -54,6 +54,41 @@ def human_line(row: dict, eta_s: float | None) -> str:
     return "  ".join(parts)
 
 
+def start_line(row: dict) -> str:
+    """'started on 2 workers, mesh …, attention sdpa, …': what a (re)start of the training loop runs on."""
+    note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
+    attention = f", attention {row['attention']}" if row.get("attention") else ""
+    return f"{note} on {row['world']} workers{mesh_note(row)}{attention}{trainable_note(row)}"
+
+
+class Eta:
+    """Seconds left, from the wall time per step measured after the first WARMUP_STEPS steps of a (re)start: those
+    carry compilation and warm-up, and a resumed run's count starts at its checkpoint, not at 0. Wall time, not
+    the step time alone, so evaluations and checkpoints are counted too."""
+
+    WARMUP_STEPS = 2
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.start_step: int | None = None
+        self.base: tuple[float, int] | None = None  # (time, step) once warm-up is over
+
+    def restarted(self, step: int) -> None:
+        self.start_step, self.base = step, None
+
+    def __call__(self, row: dict) -> float | None:
+        now, step, total = self.clock(), row["step"], row.get("total_steps")
+        if self.start_step is None:
+            self.start_step = step - 1
+        if self.base is None:
+            if step >= self.start_step + self.WARMUP_STEPS:
+                self.base = (now, step)
+            return None
+        if not total or step <= self.base[1]:
+            return None
+        return (total - step) * (now - self.base[0]) / (step - self.base[1])
+
+
 class ProgressLines:
     """Called with each row the driver reads off the progress board; prints lines to `out`."""
 
@@ -63,35 +98,29 @@ class ProgressLines:
         self.last_step: int | None = None
         self.last_start: tuple | None = None
         self.next_line_at = 0.0
-        self.first_seen: tuple[float, int] | None = None  # (time, step) of the first step seen: the ETA's base
+        self.eta = Eta(clock)
 
     def __call__(self, row: dict) -> None:
         event = row.get("event")
-        if event == "start" and self.mode != "json" and (row["step"], row.get("time")) != self.last_start:
+        if event == "note":
+            self._print(row["text"])
+        if event == "start" and (row["step"], row.get("time")) != self.last_start:
             self.last_start = (row["step"], row.get("time"))  # the board repeats its latest row until the next
-            note = f"resumed at step {row['step']}" if row.get("resumed_from") else "started"
-            attention = f", attention {row['attention']}" if row.get("attention") else ""
-            self._print(f"{note} on {row['world']} workers{mesh_note(row)}{attention}{trainable_note(row)}")
+            self.eta.restarted(row["step"])
+            if self.mode != "json":
+                self._print(start_line(row))
         if event != "step" or row["step"] == self.last_step:
             return
         self.last_step = row["step"]
         if self.mode == "json":
             self._print(PROGRESS_PREFIX + json.dumps({k: row.get(k) for k in PROGRESS_KEYS}))
             return
+        eta = self.eta(row)
         now = self.clock()
-        if self.first_seen is None:
-            self.first_seen = (now, row["step"])
         if now < self.next_line_at and row["step"] != row.get("total_steps"):
             return
         self.next_line_at = now + self.every_s
-        self._print(human_line(row, self.eta(now, row)))
-
-    def eta(self, now: float, row: dict) -> float | None:
-        base_time, base_step = self.first_seen
-        total = row.get("total_steps")
-        if not total or row["step"] <= base_step:
-            return None
-        return (total - row["step"]) * (now - base_time) / (row["step"] - base_step)
+        self._print(human_line(row, eta))
 
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)

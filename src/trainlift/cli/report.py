@@ -28,7 +28,8 @@ def _fmt(value, spec: str = ".4f") -> str:
 @app.command()
 def report(
     run_dir: str = typer.Argument(..., help="A run directory, <run.storage>/<run.name> (local or s3://)."),
-    output: Path = typer.Option(None, "-o", "--output", help="HTML file to write (default: <run name>-report.html)."),
+    output: Path = typer.Option(None, "-o", "--output", help="HTML file to write (default: report.html in a local run's directory; <run name>-report.html "
+                                "here for a run on S3)."),
     png: Optional[Path] = typer.Option(None, "--png", help="Also write each plot as DIR/<plot>.png."),
     compare: List[str] = typer.Option([], "--compare", help="Another run directory to overlay (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print what was written, and the restarts found, as JSON."),
@@ -50,7 +51,7 @@ def report(
     if len(set(labels)) < len(labels):
         labels = [r.uri for r in runs]
     page, pngs = render.build([(label, r.rows, r.summary) for label, r in zip(labels, runs)])
-    output = output or Path(f"{runs[0].name}-report.html")
+    output = output or default_output(run_dir, runs[0].name)
     output.write_text(page, encoding="utf-8")
     written = [str(output)]
     if png is not None:
@@ -64,6 +65,11 @@ def report(
         return
     for path in written:
         console.print(f"wrote {path}")
+
+
+def default_output(run_dir: str, name: str) -> Path:
+    """report.html beside the run's metrics when the run is on this disk, else <name>-report.html here."""
+    return Path(f"{name}-report.html") if "://" in run_dir else Path(run_dir) / "report.html"
 
 
 @app.command()

@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trainlift.cli.app import app, console, err_console, print_json
-from trainlift.cli.progress import MODES, ProgressLines, trainable_note
+from trainlift.cli.progress import MODES, Eta, ProgressLines, duration, start_line
 from trainlift.config.job import load_job_spec
 from trainlift.errors import UsageError
 from trainlift.progress_lines import PROGRESS_ENV
@@ -43,6 +44,10 @@ def train(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show what Ray, the workers and the Hugging "
                                  "Face libraries print (always in the run's driver.log; on by itself inside a Ray "
                                  "job, whose log is the record)."),
+    allow_spec_change: bool = typer.Option(
+        False, "--allow-spec-change", help="Resume a run whose model, data, batch, optimizer, schedule or LoRA "
+        "changed since it started (refused otherwise; steps, eval and checkpoint cadence, trackers and workers "
+        "may always change)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
@@ -71,17 +76,24 @@ def train(
         # Ray prints cluster events (a node lost) to stdout; with --json, stdout holds the summary alone.
         with contextlib.redirect_stdout(sys.stderr) if json_out else contextlib.nullcontext():
             summary = run_training(spec, address=_ray_address(address), stop_at_step=stop_at_step,
-                                   skip_doctor=skip_doctor, on_update=on_update,
-                                   verbose=verbose or ray_output.in_ray_job())
-    if summary.get("already_finished") and not json_out:
-        err_console.print(f"run {spec.run.name} already finished at step {summary['steps']} "
-                          f"({summary['run']}); nothing to train. Ask for more with --steps N.")
+                                   skip_doctor=skip_doctor, on_update=_with_ray_line(on_update),
+                                   verbose=verbose or ray_output.in_ray_job(), allow_spec_change=allow_spec_change)
     _print_summary(summary, json_out)
+    if not summary.get("finished"):
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def _print_summary(summary: dict, json_out: bool) -> None:
+    """The summary (a table, or JSON), with what a finished run's rerun or a stopped run's next step is."""
+    if summary.get("already_finished") and not json_out:
+        err_console.print(f"run {summary['name']} already finished at step {summary['steps']} "
+                          f"({summary['run']}); nothing to train. Ask for more with --steps N, or remove "
+                          f"{summary['run']} to start over.")
+    _summary_table(summary, json_out)
     if not summary.get("finished"):
         why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
         err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; resume with: "
                           f"{resume_command(sys.argv)}", markup=False, highlight=False)
-        raise typer.Exit(EXIT_STOPPED)
 
 
 def resume_command(argv: list[str]) -> str:
@@ -116,44 +128,94 @@ def program(argv0: str) -> str:
 
 
 def _ray_address(address: str | None) -> str | None:
-    """--address, else RAY_ADDRESS (read by Ray), else the head `trainlift local up` started, else None (embedded)."""
-    if address is not None or os.environ.get("RAY_ADDRESS"):
-        return address
+    """--address, else RAY_ADDRESS (read by Ray), else the head `trainlift local up` started, else None (embedded).
+    A local head another user started under a shared $TRAINLIFT_HOME is refused: its Ray would not take this
+    user's driver."""
     from trainlift.ops import localray
 
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        if localray.is_loopback(address or os.environ["RAY_ADDRESS"]):
+            localray.use_head_auth()  # a `local up` head given by address: reached as the head runs
+        return address
     local_head = localray.read_state()
     if not local_head:
         return None
+    owner, me = _process_user(local_head["pid"]), _process_user(os.getpid())
+    if owner and owner != me:
+        raise UsageError(f"the local Ray head at {local_head['gcs_address']} (recorded in {localray.state_file()}) "
+                         f"was started by user {owner}, not {me}",
+                         hint="give each user a TRAINLIFT_HOME of their own (unset it for ~/.trainlift), "
+                              "or attach on purpose with --address")
     localray.use_head_auth()
     return local_head["gcs_address"]
 
 
+def _process_user(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).username()
+    except psutil.Error:
+        return None
+
+
+def ray_line(address: str | None) -> str:
+    """Which Ray the run uses, said before it starts or attaches."""
+    if not address:
+        return "Ray: starting an embedded local Ray in this process; it stops when the run ends"
+    from trainlift.ops import localray
+
+    head = localray.read_state()
+    if head and head["gcs_address"] == address:
+        since = time.strftime("%H:%M", time.localtime(head.get("started_at", 0)))
+        return (f"Ray: attaching to the `trainlift local up` head at {address} (pid {head['pid']}, user "
+                f"{_process_user(head['pid'])}, up since {since}); `trainlift local down` stops it")
+    return f"Ray: attaching to the cluster at {address}"
+
+
+def _with_ray_line(on_update):
+    """The run's `ray` event (the address it is about to use) shown as a note."""
+    def forward(row: dict) -> None:
+        on_update({"event": "note", "text": ray_line(row["address"])} if row.get("event") == "ray" else row)
+
+    return forward
+
+
 @contextlib.contextmanager
 def _progress_display(spec, progress_mode: str, log_every: float, hidden: bool):
-    """A progress bar on a terminal, else progress lines; yields the function the run's updates go to."""
+    """A progress bar on a terminal, else progress lines; yields the function the run's updates go to. On the
+    bar, what the run starts on and notes are printed above it, where the next step does not overwrite them."""
     bar = console.is_terminal and progress_mode == "auto"
     lines = None if bar else ProgressLines(progress_mode, log_every)
+    eta, last_start = Eta(), [None]
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
         console=console, transient=hidden, disable=hidden or not bar,
     ) as progress:
-        task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…")
+        task = progress.add_task(f"train {spec.run.name}", total=spec.train.steps, info="starting Ray…", eta="")
 
         def on_update(row: dict) -> None:
             if lines is not None:
                 lines(row)
-            if row.get("event") == "step":
+                return
+            if row.get("event") == "note" and not hidden:
+                progress.console.print(row["text"], markup=False, highlight=False)
+            elif row.get("event") == "step":
+                left = eta(row)
                 info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
-                progress.update(task, completed=row["step"], info=info)
-            elif row.get("event") == "start":
-                note = f"resumed at step {row['step']}" if row.get("resumed_from") else f"{row['world']} workers"
-                progress.update(task, completed=row["step"], info=note + trainable_note(row))
+                progress.update(task, completed=row["step"], info=info, eta="" if left is None else f"ETA {duration(left)}")
+            elif row.get("event") == "start" and (row["step"], row.get("time")) != last_start[0]:
+                last_start[0] = (row["step"], row.get("time"))
+                eta.restarted(row["step"])
+                if not hidden:
+                    progress.console.print(start_line(row), markup=False, highlight=False)
+                progress.update(task, completed=row["step"], info="first step…", eta="")
 
         yield on_update
 
 
-def _print_summary(summary: dict, json_out: bool) -> None:
+def _summary_table(summary: dict, json_out: bool) -> None:
     if json_out:
         print_json(summary)
         return

@@ -8,6 +8,7 @@ Cross-field rules (EFA and AZs, GPU counts, Ray versions, inline secrets) live i
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
@@ -115,6 +116,9 @@ class S3Storage(_Section):
     )
     read: list[Annotated[str, Field(pattern=S3_URI)]] = Field(
         default_factory=list, description="More S3 locations the pods may only read: code zips, datasets, weights.")
+    allow_whole_bucket: bool = Field(
+        False, description="Let `uri` or a `read` location be a whole bucket (s3://bucket): the pods' role then "
+        "reaches every object in it. Off, such a location is refused; name a folder instead.")
 
     @property
     def bucket(self) -> str:
@@ -189,6 +193,12 @@ class ClusterSpec(_Section):
     scheduler: Literal["none", "kueue", "volcano"] | None = Field(
         None, description="Who queues jobs: Kueue admits a whole RayJob or none of it; volcano gang-schedules; "
         "none: pods go straight to the Kubernetes scheduler. Default: kueue when the cluster has GPU worker groups.")
+    api_access_cidrs: list[str] = Field(
+        default_factory=list, description="CIDR blocks that may reach the EKS API's public endpoint (eksctl "
+        "vpc.publicAccessCIDRs, set when eksctl creates the cluster); nodes use the private endpoint. Empty: "
+        "`cluster up` looks up this machine's public address (checkip.amazonaws.com) and allows only that /32; "
+        "where no address is known (`render` alone, or a failed lookup) the endpoint is open to every address, and "
+        "eksctl.yaml's header and the plan say so.")
     placement: Literal["preferred", "required"] = Field(
         "preferred", description="With Kueue, on instance types EKS labels with their network topology: keep a "
         "worker group under one bottom-layer network node if it fits (preferred) or only then (required).")
@@ -199,6 +209,17 @@ class ClusterSpec(_Section):
         for name in value:
             if not re.fullmatch(ENV_NAME, name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("api_access_cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise ValueError("not a CIDR block with its host bits zero, e.g. 203.0.113.7/32 or 198.51.100.0/24 "
+                                 f"(got {cidr!r})") from None
         return value
 
     @model_validator(mode="after")

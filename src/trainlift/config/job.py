@@ -13,8 +13,9 @@ from typing import Any, Literal, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainlift.config.errors import first_error
+from trainlift.config.errors import field_path, first_error, unknown_key_suggestion
 from trainlift.errors import SpecError
+from trainlift.redact import URI_CREDENTIALS, URI_CREDENTIALS_FIX, has_uri_credentials, uri_credentials
 
 
 class _Section(BaseModel):
@@ -239,6 +240,16 @@ class JobSpec(_Section):
     run: RunSection = RunSection()
     runtime: RuntimeSection = RuntimeSection()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_uri_credentials(cls, raw: Any) -> Any:
+        """Every field travels in the job's entrypoint (`ray job list`, `ps`) and its tracker params: no field may
+        hold user:password@. Checked before any other rule, so no other error echoes the value."""
+        for parts, text in _strings(raw):
+            if has_uri_credentials(text):
+                raise ValueError(f"{field_path(parts)}: {URI_CREDENTIALS}; {URI_CREDENTIALS_FIX}")
+        return raw
+
     @property
     def is_remote_storage(self) -> bool:
         return "://" in self.run.storage
@@ -246,6 +257,19 @@ class JobSpec(_Section):
     @property
     def run_uri(self) -> str:
         return f"{self.run.storage.rstrip('/')}/{self.run.name}"
+
+
+def _strings(value: Any, parts: tuple = ()):
+    """(field path parts, text) for every string in a raw spec, keys of nested mappings included."""
+    if isinstance(value, str):
+        yield parts, value
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            yield from _strings(key, parts + (key,))
+            yield from _strings(child, parts + (key,))
+    elif isinstance(value, (list, tuple)):
+        for i, child in enumerate(value):
+            yield from _strings(child, parts + (i,))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -269,11 +293,18 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return raw
 
 
-def validate_job_spec(raw: dict[str, Any], source: str = "spec") -> JobSpec:
+def validate_job_spec(raw: dict[str, Any], source: str = "spec", overrides: Sequence[str] = ()) -> JobSpec:
+    """The spec, or one line for its first problem, blamed on the `--set` that gave the field when one did."""
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(f"{source}: {first_error(exc)}", hint="fix the spec file or pass --set KEY=VALUE") from None
+        where = field_path(exc.errors()[0]["loc"])
+        given = [o for o in overrides if f"{o.partition('=')[0].strip()}.".startswith(f"{where}.")]
+        problem = first_error(exc) + unknown_key_suggestion(JobSpec, exc)
+        if given:
+            raise SpecError(f"--set {uri_credentials(given[-1])}: {problem}",
+                            hint="fix the --set key or value") from None
+        raise SpecError(f"{source}: {problem}", hint="fix the spec file or pass --set KEY=VALUE") from None
 
 
 def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
@@ -316,4 +347,5 @@ def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
         raise SpecError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: the spec must be a YAML mapping with model, data, train, ... sections")
-    return validate_job_spec(apply_overrides(relative_to_spec(raw, path.parent), overrides), source=str(path))
+    return validate_job_spec(apply_overrides(relative_to_spec(raw, path.parent), overrides), source=str(path),
+                             overrides=overrides)

@@ -160,6 +160,9 @@ def shm(f: Facts, expect: str, kg: dict) -> Finding | None:
 def memlock(f: Facts, expect: str, kg: dict) -> Finding | None:
     if f.memlock_bytes is None:
         return Finding("memlock", "ok", "memlock unlimited")
+    if expect == "any" and not f.uverbs and f.fi_info_efa != "ok":
+        return Finding("memlock", "ok", f"memlock limited to {_size(f.memlock_bytes)}; only EFA needs it unlimited, "
+                       "and this machine has no EFA device")
     severity = {"efa": "error", "any": "warning"}.get(expect, "ok")
     return Finding(
         "memlock", severity, f"memlock limited to {_size(f.memlock_bytes)}; EFA needs it unlimited",

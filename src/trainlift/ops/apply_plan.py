@@ -107,10 +107,12 @@ def wait_for(op: Op, spec: ClusterSpec, files: Files, aws: Aws, poll_s: float = 
         sleep(poll_s)
 
 
-def _doctor(op: Op, echo: Callable[[str], None]) -> None:
+def _doctor(op: Op, echo: Callable[[str], None], token: str | None) -> None:
+    """`token`: the RayCluster's Ray token (its Secret), which the doctor's Jobs API client sends."""
     with Background(op.background) as forward:
         wait_for_port(forward, FORWARDED_DASHBOARD_PORT)
-        check([sys.executable, "-m", "trainlift", *op.argv[1:]], op.timeout_s, attempts=1, echo=echo)
+        check([sys.executable, "-m", "trainlift", *op.argv[1:]], op.timeout_s, attempts=1, echo=echo,
+              env={"RAY_AUTH_TOKEN": token} if token else None)
 
 
 def apply(prepared: Prepared, plan: Plan, echo: Callable[[str], None],
@@ -141,7 +143,10 @@ def _apply_op(op: Op, spec: ClusterSpec, files: Files, aws: Aws, echo: Callable[
     if op.kind == "wait":
         wait_for(op, spec, files, aws)
     elif op.kind == "doctor":
-        _doctor(op, echo)
+        from trainlift.ops.jobs import cluster_token
+        from trainlift.render.raycluster import auth_secret_name
+
+        _doctor(op, echo, cluster_token(files.kubeconfig, spec.namespace, auth_secret_name(spec)))
     elif op.kind == "tag":
         key, _, value = op.argv[1].partition("=")
         aws.tag_cluster(op.argv[0], {key: value})

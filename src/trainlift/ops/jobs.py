@@ -16,12 +16,14 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray, package
 from trainlift.progress_lines import PROGRESS_ENV, PROGRESS_PREFIX
+from trainlift.redact import refuse_uri_credentials, uri_credentials
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -87,11 +89,8 @@ def latest_checkpoint_step(run_uri: str) -> int | None | bool:
 
 
 def auth_headers() -> dict[str, str]:
-    """Ray's token authentication: RAY_AUTH_TOKEN, else the file at RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    if not token:
-        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-        token = path.read_text().strip() if path.is_file() else None
+    """Ray's token authentication, the token found as Ray finds it (localray.read_auth_token)."""
+    token = localray.read_auth_token()
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -135,6 +134,7 @@ def parse_env(pairs: list[str], environ: Mapping[str, str]) -> dict[str, str]:
         if _secret_like(key, value):  # the value is not echoed: it is the thing being protected
             raise UsageError(f"--env {key}: a secret passed to the job lands in its runtime_env, which the Ray "
                              "dashboard shows", hint=SECRET_ENV_HINT)
+        refuse_uri_credentials(f"--env {key}", value)
         env[key] = value
     return env
 
@@ -239,6 +239,55 @@ def error_tail(job_client, job_id: str, lines: int = 15) -> list[str]:
 
 
 def job_row(info) -> dict[str, Any]:
-    return {"id": info.submission_id or info.job_id, "status": str(info.status.value), "entrypoint": info.entrypoint,
+    return {"id": info.submission_id or info.job_id, "status": str(info.status.value),
+            "entrypoint": uri_credentials(info.entrypoint or ""),
             "start_time": info.start_time, "end_time": info.end_time, "message": info.message,
             "metadata": info.metadata or {}}
+
+
+def cluster_token(kubeconfig: str, namespace: str, secret: str) -> str | None:
+    """The Ray token of a RayCluster on Kubernetes: key `auth_token` of the Secret KubeRay creates for it
+    (render.raycluster.auth_secret_name), read through kubectl; None when there is no such Secret (a cluster
+    rendered without token authentication). The token is never printed or passed on a command line."""
+    import base64
+    import binascii
+
+    from trainlift.ops import kube
+    from trainlift.ops.run import CommandFailed, check
+    from trainlift.render.raycluster import AUTH_TOKEN_KEY
+
+    argv = kube.kubectl(kubeconfig, "-n", namespace, "get", "secret", secret, "-o",
+                        f"jsonpath={{.data.{AUTH_TOKEN_KEY}}}")
+    try:
+        encoded = check(argv, 60).stdout.strip()
+    except CommandFailed as exc:
+        if "(NotFound)" in exc.result.stderr:
+            return None
+        raise TrainliftError(f"cannot read the Ray token from Secret {namespace}/{secret}: {exc.message}",
+                             hint="check that this kubeconfig may get secrets in the namespace") from None
+    try:
+        return base64.b64decode(encoded, validate=True).decode().strip() or None
+    except (binascii.Error, UnicodeDecodeError):
+        raise TrainliftError(f"Secret {namespace}/{secret} holds no readable auth_token",
+                             hint="delete the Secret and the RayCluster, then `trainlift cluster up` again: "
+                                  "KubeRay writes a new token") from None
+
+
+@contextmanager
+def forwarded_head(kubeconfig: Path, namespace: str, cluster: str, secret: str) -> Iterator[str]:
+    """The head's dashboard on this machine (kubectl port-forward, ops.forward) while the block runs, with this
+    process's RAY_AUTH_TOKEN set to the cluster's token (from its Secret), which the Jobs API client sends."""
+    from trainlift.ops.forward import head_dashboard
+
+    with head_dashboard(kubeconfig, namespace, cluster) as url:
+        token = cluster_token(str(kubeconfig), namespace, secret)
+        before = os.environ.get("RAY_AUTH_TOKEN")
+        if token:
+            os.environ["RAY_AUTH_TOKEN"] = token
+        try:
+            yield url
+        finally:
+            if before is None:
+                os.environ.pop("RAY_AUTH_TOKEN", None)
+            else:
+                os.environ["RAY_AUTH_TOKEN"] = before

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from trainlift.cloud.aws import Aws, CredentialsError, check_region
+from trainlift.cloud.caller import public_cidr
 from trainlift.cloud.capacity import CapacityReport, Unknown, assess
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError, TrainliftError
@@ -30,7 +31,7 @@ from trainlift.ops.plan import ABSENT, Files, Observed
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import run as run_command
-from trainlift.render.eksctl import SYSTEM_GROUP
+from trainlift.render.eksctl import SYSTEM_GROUP, open_endpoint_note, with_caller_address
 from trainlift.render.helm import render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, with_account
 
@@ -226,8 +227,10 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
     manifests, written = [], []
     digest, account = "", False
     rendered = render_cluster(spec, reservations=reservations)
+    cidrs = ", ".join(spec.api_access_cidrs)
     scheduling = tuple([f"fits   {p.line()}" for p in pod_placements(spec, rendered)]
-                       + [f"queue  {line}" for line in admissions(rendered)])
+                       + [f"queue  {line}" for line in admissions(rendered)]
+                       + [f"api    {open_endpoint_note(spec) or 'EKS API public endpoint: only from ' + cidrs}"])
     for m in rendered:
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)
@@ -285,6 +288,9 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
     seen = observe(spec, Files(root), aws)
     if not for_up:
         return Prepared(spec, seen, {}, {}, Files(root), [], aws)
+    if not spec.api_access_cidrs:  # only this machine reaches the API's public endpoint (api_access_cidrs)
+        found = public_cidr()
+        spec = with_caller_address(spec, found if isinstance(found, str) else None)
     reports, zones = _capacity(spec, seen, aws)
     placements = place(spec, reports, seen.nodegroups)
     if not zones and not spec.availability_zones:

@@ -4,12 +4,17 @@ Ray instance `train` and `doctor` embed in their own process when no cluster is 
 `up` starts `ray start --head --block` in its own process group and records
 it in $TRAINLIFT_HOME/local.json (default ~/.trainlift); `down` ends that
 process group only, never other Ray instances on the machine.
+
+Every Ray that trainlift starts requires Ray's token (RAY_AUTH_MODE=token), found as Ray finds it:
+RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token. On first use the file is
+written with a fresh token (0600, its directory 0700) and reused afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -21,11 +26,16 @@ from typing import Any
 
 import psutil
 
-from trainlift.home import trainlift_home
 from trainlift.errors import TrainliftError
+from trainlift.home import trainlift_home
 from trainlift.ops import run
+from trainlift.private_dir import private_dir
 
 LOOPBACK = "127.0.0.1"
+# Ray's single-machine mode (its default on macOS and Windows): `ray start` keeps the node's address on loopback
+# instead of turning 127.0.0.1 into the machine's address, so every server of the head listens on 127.0.0.1 only,
+# GCS, raylet and the Prometheus metrics endpoints (dashboard, autoscaler, agent) included. No node can join it.
+SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def state_file() -> Path:
@@ -44,6 +54,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def auth_token_path() -> Path:
+    """The file Ray reads its token from when RAY_AUTH_TOKEN is unset."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+
+
+def read_auth_token() -> str | None:
+    """The token a Ray client sends: RAY_AUTH_TOKEN, else the token file's content."""
+    if token := os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return token
+    path = auth_token_path()
+    return (path.read_text().strip() or None) if path.is_file() else None
+
+
+def token_auth_env() -> dict[str, str]:
+    """The environment under which a Ray process requires the token and finds this user's: RAY_AUTH_TOKEN when
+    set, else the token file, written with a fresh token on first use (the same length as `ray get-auth-token
+    --generate` writes) and made 0600 when others may read it."""
+    if token := os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    path = auth_token_path()
+    if not path.is_file():
+        private_dir(path.parent, elsewhere="set RAY_AUTH_TOKEN_PATH to a file in a directory of yours")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another trainlift wrote it just now
+            pass
+        else:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(32))
+    if path.stat().st_uid == os.geteuid() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def write_private(path: Path, text: str) -> None:
+    """`path` holding `text`, readable by this user alone (0600), whatever mode an earlier file had."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
 def skip_cluster_only_train_features() -> None:
     """Ray Train's preemption watcher (the only node is this machine) and Prometheus metrics (nothing scrapes
     them) serve clusters; on one machine they cost every run's start about 2.5 s (2 cores). Off unless the
@@ -59,7 +111,11 @@ def start_in_process(num_cpus: int | None = None, log_to_driver: bool = False) -
     job without one, and the progress board and Ray Train's autoscaling coordinator then start in those."""
     import ray
 
+    from ray._raylet import Config
+
     skip_cluster_only_train_features()
+    os.environ.update(token_auth_env())
+    Config.initialize("")  # Ray read RAY_AUTH_MODE when first imported; re-read it, as Ray's own token default does
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
              _system_config={"worker_niceness": 0})
@@ -87,7 +143,10 @@ def dashboard_up(url: str, timeout: float = 2.0) -> bool:
 
 
 def use_head_auth() -> None:
-    """Let this process's Ray client authenticate to the local head with the token Ray keeps for it."""
+    """Let this process's Ray client reach the local head: in Ray's single-machine mode, as the head is (else Ray
+    dials the machine's own address instead of loopback), and with the token Ray keeps for it. Before Ray is
+    imported: Ray reads both when it is."""
+    os.environ.update(SINGLE_MACHINE_ENV)
     os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
@@ -138,9 +197,9 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Token authentication, explicitly: its GCS port is not bound to loopback the way the dashboard is.
-    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path_with_this_python(), "RAY_AUTH_MODE": "token"})
+    os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600))
+    proc = run.spawn_detached(cmd, str(log_path),
+                              env={"PATH": path_with_this_python(), **SINGLE_MACHINE_ENV, **token_auth_env()})
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):
@@ -151,7 +210,7 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
                                  hint=f"is port {port} free? try --port; full log: {log_path}")
         time.sleep(1)
     state = {"pid": proc.pid, "gcs_address": f"{LOOPBACK}:{gcs_port}", "dashboard_url": url, "started_at": time.time()}
-    state_file().write_text(json.dumps(state, indent=2))
+    write_private(state_file(), json.dumps(state, indent=2))
     return {**state, "started": True}
 
 

@@ -1,4 +1,4 @@
-"""The Kubernetes side of `plan_up`: device plugins, KubeRay, namespace, secrets, service account,
+"""The Kubernetes side of `plan_up`: device plugins, KubeRay, namespace, secrets, network policy, service account,
 the RayCluster, and the waits until Ray runs on every GPU node. Pure.
 
 One owner per device plugin. NVIDIA: trainlift's pinned Helm release; `eksctl create nodegroup` is run
@@ -23,6 +23,7 @@ from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL
 from trainlift.render.fit import Amount
 from trainlift.ops.pins import crds_folder_charts
 from trainlift.render.helm import chart_source, helm_install_args
+from trainlift.render.network_policy import NETWORK_POLICY_PATH, POLICY_NAME
 from trainlift.render.queues import queue_object_path, queue_objects
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE, raycluster_spec
 
@@ -146,7 +147,14 @@ def namespace_and_secrets(spec: ClusterSpec, seen: Observed, files: Files) -> li
                               (_wait(f"secret/{ref.secret}", timeout_s=1800),),
                               note="trainlift never handles secret values: create it yourself; no node group "
                                    "is created until it exists", fix=create))
-    return steps
+    return steps + [network_policy_up(spec, seen, files)]
+
+
+def network_policy_up(spec: ClusterSpec, seen: Observed, files: Files) -> Step:
+    """Before any Ray pod exists: only pods of the namespace (and KubeRay's operator, on the dashboard) reach them."""
+    observed = "absent (new cluster)" if seen.absent else "applied on every up (server-side apply: unchanged, a no-op)"
+    return Step("network-policy", f"NetworkPolicy {spec.namespace}/{POLICY_NAME} (Ray pods: this namespace only)",
+                observed, "apply", (_run(kube.apply(files.kubeconfig, files.path(NETWORK_POLICY_PATH))),))
 
 
 def service_account_up(spec: ClusterSpec, seen: Observed, files: Files) -> list[Step]:

@@ -34,6 +34,7 @@ QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "err
 _RAY_WARNING = re.compile(r"\b(?P<level>WARNING|ERROR|CRITICAL)\b\s+\S+\.py:\d+ -- (?P<text>.*)")
 _WORKER_DIED = re.compile(r"(A worker died or was killed.*|.*\bout of memory\b.*|.*\bOOM\b.*)", re.I)
 SHOWN_CHARS = 240
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def dispatcher():
@@ -171,8 +172,9 @@ class RunOutput:
                 print(line, file=sys.stderr, flush=True)
 
     def write(self, line: str) -> None:
+        """A line into driver.log, without the colour codes Ray and the workers' loggers put in for a terminal."""
         if self._file is not None and not self._file.closed:
-            self._file.write(line.rstrip("\n") + "\n")
+            self._file.write(_ANSI.sub("", line.rstrip("\n")) + "\n")
 
     def remember(self, line: str) -> None:
         text = ray_warning(line)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from trainlift.errors import TrainliftError
+from trainlift.redact import uri_credentials
 
 log = logging.getLogger("trainlift.ops")
 
@@ -213,14 +214,18 @@ class Background:
         self.stop()
 
 
-def spawn_detached(cmd: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn_detached(cmd: Sequence[str], log_path: str, env: dict[str, str] | None = None,
+                   inherit_env: bool = True) -> subprocess.Popen:
     """Start a process that outlives this one, in its own session (so its whole group can be ended), with
-    stdout and stderr appended to `log_path`."""
+    stdout and stderr appended to `log_path`. `env` adds to this process's environment, or with
+    `inherit_env=False` is the whole of it."""
     _log_command(tuple(cmd), background=True)
+    if env is not None and inherit_env:
+        env = {**os.environ, **env}
     with open(log_path, "ab") as out:
         try:
             return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=None if env is None else {**os.environ, **env}, start_new_session=True)
+                                    env=env, start_new_session=True)
         except (FileNotFoundError, PermissionError) as exc:
             raise ToolMissing(os.path.basename(cmd[0])) from exc
 
@@ -250,7 +255,12 @@ def _redact_assignment(token: str) -> str:
 
 
 def redact(cmd: Sequence[str]) -> list[str]:
-    """The command with values of secret-looking flags, assignments and tokens masked."""
+    """The command with values of secret-looking flags, assignments and tokens masked, and the credentials of
+    every URI in it (`https://user:pw@host` shows as `https://***@host`)."""
+    return [uri_credentials(token) for token in _redact_secrets(cmd)]
+
+
+def _redact_secrets(cmd: Sequence[str]) -> list[str]:
     out: list[str] = []
     mask_next = False
     for token in cmd:
@@ -290,5 +300,6 @@ def display(cmd: Sequence[str]) -> str:
 
 
 def _tail(text: str, limit: int = STDERR_TAIL) -> str:
-    text = " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    """A command's output in one line, with the credentials of any URI it echoed masked."""
+    text = uri_credentials(" ".join(line.strip() for line in text.strip().splitlines() if line.strip()))
     return text if len(text) <= limit else "…" + text[-limit:]

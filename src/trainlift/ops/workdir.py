@@ -1,43 +1,72 @@
-"""What of a project directory travels to the cluster as the job's `working_dir`.
+"""What of a project directory travels to the cluster as the job's `working_dir`, and what stays behind and why.
 
-Excluded: version control, virtualenvs, caches, run directories, whatever the
-project's .gitignore excludes, and credential-looking files (with a warning).
-The size is computed before upload so an oversized directory fails here,
-naming its largest files, instead of as "Request Entity Too Large" later.
+Left out: credential files (always), version control, virtualenvs, caches, run directories and --exclude
+patterns, what git ignores (.gitignore files, .git/info/exclude, the global excludes file) unless the user
+includes it, and what .rayignore files name. The size is computed before upload so an oversized directory fails
+here, naming its largest files, instead of as "Request Entity Too Large" later.
 
-Ray applies runtime_env `excludes` to py_modules directories as well, which is
-why trainlift travels as a wheel (ops/package.py) that these patterns never trim.
+Ray's job client applies the .gitignore and .rayignore files inside the directory itself (unless
+RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and the runtime_env `excludes`; what git ignores for other reasons travels
+to it as anchored `excludes`, so what is listed here is what Ray uploads. Ray applies `excludes` to py_modules
+directories as well, which is why trainlift travels as a wheel (ops/package.py) that these patterns never trim.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import pathspec
 
 from trainlift.errors import UsageError
+from trainlift.ops.run import run
 
 ALWAYS_EXCLUDED = [
     ".git/", ".hg/", ".venv/", "venv/", "env/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/",
     ".ruff_cache/", "*.egg-info/", ".trainlift/", "runs/", ".ipynb_checkpoints/", "node_modules/",
 ]
-CREDENTIAL_LIKE = [".env", ".env.*", "*.pem", "*.key", ".aws/", ".ssh/", "id_rsa*", "id_ed25519*", ".netrc",
-                   "credentials", "*.kubeconfig", ".kube/"]
+CREDENTIAL_LIKE = [
+    ".env", ".env.*", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".boto", ".dockercfg",
+    "**/.docker/config.json", "**/.huggingface/**/token", "**/.cache/huggingface/**/token",
+    "**/.cache/huggingface/stored_tokens", "application_default_credentials.json", "**/.config/gcloud/",
+    "credentials", "credentials.json", ".aws/", ".ssh/", ".kube/", "*.kubeconfig", "id_rsa*", "id_ed25519*",
+    "id_ecdsa*", "id_dsa*", "*.pem", "*.key", "*.p12", "*.pfx", "*.tfstate", "*.tfstate.*", "terraform.tfstate*",
+]
+CREDENTIAL = "credential file"
+GITIGNORED = "gitignored"
+RAYIGNORED = "rayignored (.rayignore)"
+RAY_IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"  # "1": Ray's job client uploads what .gitignore names
 DEFAULT_LIMIT_BYTES = 100 * 2**20
+GIT_TIMEOUT_S = 60
 
 
 @dataclass
 class WorkdirPlan:
     root: Path
     files: list[tuple[str, int]] = field(default_factory=list)
-    credentials: list[str] = field(default_factory=list)
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (path, reason); a directory's path ends in /
     excludes: list[str] = field(default_factory=list)
+    include_ignored: bool = False
 
     @property
     def total_bytes(self) -> int:
         return sum(size for _, size in self.files)
+
+    @property
+    def credentials(self) -> list[str]:
+        return [path for path, reason in self.left_out if reason.startswith(CREDENTIAL)]
+
+
+def git_ignored(root: Path) -> set[str] | None:
+    """What git ignores under `root`, relative to it (a wholly ignored directory as `dir/`); None when `root` is not
+    in a git work tree or git is not installed."""
+    result = run(["git", "-C", str(root), "ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                  "--directory"], GIT_TIMEOUT_S)
+    return {path for path in result.stdout.split("\0") if path} if result.ok else None
 
 
 def _gitignore_patterns(root: Path) -> list[str]:
@@ -47,31 +76,91 @@ def _gitignore_patterns(root: Path) -> list[str]:
     return [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def scan(root: str | Path, extra_excludes: list[str] = ()) -> WorkdirPlan:
-    """Walk `root` with the exclusion rules; the same patterns go to Ray as runtime_env `excludes`."""
+def _anchored(rel: str) -> str:
+    """A path as a gitignore pattern that matches it alone, from the directory's root."""
+    return "/" + re.sub(r"([\\*?\[\]!#])", r"\\\1", rel)
+
+
+class _Rules:
+    """Why a path stays behind, first rule first: credential, default or --exclude pattern, ignored by git, named
+    by a .rayignore. Ignore files apply below their own directory, as Ray applies them."""
+
+    def __init__(self, root: Path, patterns: list[str], include_ignored: bool):
+        self.root, self.patterns = root, patterns
+        self.specs = ((CREDENTIAL, pathspec.GitIgnoreSpec.from_lines(CREDENTIAL_LIKE), CREDENTIAL_LIKE),
+                      ("excluded", pathspec.GitIgnoreSpec.from_lines(patterns), patterns))
+        self.ignore_names = ((".rayignore", RAYIGNORED),) if include_ignored else \
+            ((".gitignore", GITIGNORED), (".rayignore", RAYIGNORED))
+        self.git = None if include_ignored else git_ignored(root)
+        self.ignore_files: dict[str, list[tuple[str, pathspec.GitIgnoreSpec, str]]] = {}
+
+    def enter(self, rel_dir: str) -> None:
+        """Read `rel_dir`'s own ignore files; its subdirectories inherit them."""
+        specs = list(self.ignore_files.get(rel_dir.rpartition("/")[0], [])) if rel_dir else []
+        for name, reason in self.ignore_names:
+            path = self.root / rel_dir / name
+            if path.is_file():
+                specs.append((rel_dir, pathspec.GitIgnoreSpec.from_lines(path.read_text().splitlines()), reason))
+        self.ignore_files[rel_dir] = specs
+
+    def reason(self, rel: str, rel_dir: str) -> tuple[str, bool] | None:
+        """None when `rel` (a directory's ends in /) travels; else why not, and whether Ray's own rules (the
+        runtime_env patterns, the ignore files) leave it out too."""
+        for label, spec, patterns in self.specs:
+            hit = spec.check_file(rel)
+            if hit.include:
+                return f"{label} ({patterns[hit.index]})", True
+        for base, spec, reason in self.ignore_files[rel_dir]:
+            if spec.match_file(rel[len(base) + 1:] if base else rel):
+                return reason, True
+        if self.git is not None and rel in self.git:
+            return GITIGNORED, False
+        return None
+
+
+def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: bool = False) -> WorkdirPlan:
+    """Walk `root` with the rules Ray's upload applies; `excludes` is the runtime_env list that makes Ray leave out
+    the same paths. `include_ignored`: what git ignores travels too (credential files never do)."""
     root = Path(root).resolve()
-    excludes = ALWAYS_EXCLUDED + list(extra_excludes) + _gitignore_patterns(root)
-    skip = pathspec.GitIgnoreSpec.from_lines(excludes)
-    secret = pathspec.GitIgnoreSpec.from_lines(CREDENTIAL_LIKE)
-    plan = WorkdirPlan(root=root)
+    rules = _Rules(root, ALWAYS_EXCLUDED + list(extra_excludes), include_ignored)
+    plan = WorkdirPlan(root=root, include_ignored=include_ignored)
+    only_git_knows = []
     for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
+        rel_dir = "" if Path(dirpath) == root else Path(dirpath).relative_to(root).as_posix()
+        rules.enter(rel_dir)
         kept = []
-        for d in sorted(dirnames):
-            rel = f"{(rel_dir / d).as_posix()}/"
-            if secret.match_file(rel):
-                plan.credentials.append(rel)
-            elif not skip.match_file(rel):
-                kept.append(d)
-        dirnames[:] = kept
-        for name in sorted(filenames):
-            rel = (rel_dir / name).as_posix()
-            if secret.match_file(rel):
-                plan.credentials.append(rel)
-            elif not skip.match_file(rel):
+        for name, is_dir in [(d, True) for d in sorted(dirnames)] + [(f, False) for f in sorted(filenames)]:
+            rel = f"{rel_dir}/{name}".lstrip("/") + ("/" if is_dir else "")
+            why = rules.reason(rel, rel_dir)
+            if why is None and is_dir:
+                kept.append(name)
+            elif why is None:
                 plan.files.append((rel, (Path(dirpath) / name).stat().st_size))
-    plan.excludes = excludes + CREDENTIAL_LIKE
+            else:
+                plan.left_out.append((rel, why[0]))
+                if not why[1]:
+                    only_git_knows.append(_anchored(rel))
+        dirnames[:] = kept
+    ignored_here = [] if include_ignored else _gitignore_patterns(root)
+    plan.excludes = ignored_here + rules.patterns + CREDENTIAL_LIKE + only_git_knows
     return plan
+
+
+@contextlib.contextmanager
+def uploading(plan: WorkdirPlan) -> Iterator[None]:
+    """While Ray's job client uploads the plan: with `include_ignored`, it must not apply .gitignore files itself."""
+    if not plan.include_ignored:
+        yield
+        return
+    saved = os.environ.get(RAY_IGNORE_GITIGNORE)
+    os.environ[RAY_IGNORE_GITIGNORE] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(RAY_IGNORE_GITIGNORE, None)
+        else:
+            os.environ[RAY_IGNORE_GITIGNORE] = saved
 
 
 def check_size(plan: WorkdirPlan, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
@@ -84,3 +173,20 @@ def check_size(plan: WorkdirPlan, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> Non
         f"upload limit; largest files: {names}",
         hint="add them to .gitignore or pass --exclude PATTERN; put data and models on S3 or a shared volume",
     )
+
+
+def describe(plan: WorkdirPlan, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> dict:
+    """`submit --dry-run --json`: what would be uploaded and what is left out, with the reason."""
+    return {"working_dir": str(plan.root), "files": [{"path": p, "bytes": size} for p, size in plan.files],
+            "total_bytes": plan.total_bytes, "limit_bytes": limit_bytes,
+            "left_out": [{"path": p, "reason": why} for p, why in plan.left_out],
+            "include_ignored": plan.include_ignored, "excludes": plan.excludes}
+
+
+def listing(plan: WorkdirPlan) -> list[str]:
+    """`submit --dry-run`: the same, as lines."""
+    width = max((len(path) for path, _ in plan.files + plan.left_out), default=0)
+    lines = [f"would upload {len(plan.files)} files ({plan.total_bytes / 2**20:.1f} MiB) from {plan.root}:"]
+    lines += [f"  {path:<{width}}  {size:,} bytes" for path, size in plan.files]
+    lines += [f"left out ({len(plan.left_out)}):"] + [f"  {path:<{width}}  {why}" for path, why in plan.left_out]
+    return lines

@@ -17,9 +17,10 @@ import yaml
 from trainlift.config.cluster import ClusterSpec
 from trainlift.render import admission
 from trainlift.errors import SpecError
-from trainlift.render.eksctl import Reservations, block_active, render_eksctl
+from trainlift.render.eksctl import Reservations, block_active, open_endpoint_note, render_eksctl
 from trainlift.render.fit import Placement, fit_problems, placements
 from trainlift.render.helm import helm_install_args, render_helm_releases
+from trainlift.render.network_policy import NETWORK_POLICY_PATH, render_network_policy
 from trainlift.render.problems import raise_problems
 from trainlift.render.queues import placement_annotations, queue_labels, queue_object_path, queue_objects
 from trainlift.render.raycluster import MANAGED_BY, image_ref, render_raycluster  # noqa: F401  (image_ref: for the CLI)
@@ -112,6 +113,8 @@ def _helm_manifests(spec: ClusterSpec) -> list[Manifest]:
 
 def _eksctl_comment(spec: ClusterSpec, reservations: Reservations | None) -> str:
     lines = ["eksctl create cluster -f eksctl.yaml"]
+    if note := open_endpoint_note(spec):
+        lines.append(note)
     for w in spec.workers:
         if w.capacity_block and not block_active(w, reservations):
             lines.append(f"{w.name}: 0 nodes until Capacity Block {w.capacity_reservation_id} is active; then "
@@ -128,6 +131,7 @@ def render_manifests(spec: ClusterSpec, job: JobInputs | None = None,
                           _eksctl_comment(spec, reservations))]
     manifests += _helm_manifests(spec)
     manifests.append(Manifest("k8s/00-namespace.yaml", _namespace(spec), "core", k8s))
+    manifests.append(Manifest(NETWORK_POLICY_PATH, render_network_policy(spec), "core", k8s))
     account = _service_account(spec)
     if account is not None:
         manifests.append(Manifest("k8s/10-serviceaccount.yaml", account, "core", k8s))

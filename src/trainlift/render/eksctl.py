@@ -38,7 +38,9 @@ def _iam(spec: ClusterSpec) -> dict[str, Any]:
 
 def _addons(spec: ClusterSpec) -> list[dict[str, Any]]:
     names = catalog.platform()["eks_addons"]
-    addons: list[dict[str, Any]] = [{"name": n} for n in names["core"]]
+    configured = names.get("configuration", {})
+    addons: list[dict[str, Any]] = [{"name": n, **({"configurationValues": configured[n]} if n in configured else {})}
+                                    for n in names["core"]]
     if spec.storage and spec.storage.fsx:
         for name in names["fsx"]:
             addon: dict[str, Any] = {"name": name}
@@ -65,6 +67,15 @@ def _worker_size(w: WorkerGroup, reservations: Reservations | None) -> dict[str,
     return {"desiredCapacity": w.count if block_active(w, reservations) else 0, "minSize": 0, "maxSize": w.count}
 
 
+# Pods get no instance metadata (IMDSv2 required, hop limit 1: eksctl pkg/cfn/builder/nodegroup.go@v0.230.0,
+# makeMetadataOptions), so none can take the node role's credentials. Nothing trainlift runs on the nodes needs it:
+# the Ray pods reach S3 through IRSA (the role of storage.s3.service_account), with AWS_REGION set by EKS's pod
+# identity webhook; the FSx CSI driver gets its role through EKS Pod Identity and reads instance facts from the
+# Kubernetes API without IMDS (aws-fsx-csi-driver pkg/cloud/metadata.go); the VPC CNI, kube-proxy and the EFA device
+# plugin use host networking, which the hop limit does not touch.
+NO_POD_IMDS = {"disablePodIMDS": True}
+
+
 def _system_group(spec: ClusterSpec) -> dict[str, Any]:
     return {
         "name": SYSTEM_GROUP,
@@ -73,6 +84,7 @@ def _system_group(spec: ClusterSpec) -> dict[str, Any]:
         **_sized(spec.system.count),
         "privateNetworking": True,
         "volumeSize": spec.system.volume_size_gb,
+        **NO_POD_IMDS,
         "labels": dict(SYSTEM_LABELS),
     }
 
@@ -99,6 +111,7 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations 
     group["privateNetworking"] = True
     group["efaEnabled"] = efa
     group["volumeSize"] = w.volume_size_gb
+    group.update(NO_POD_IMDS)
     if spec.ami_family == AL2023 and w.profile.local_nvme_gb:
         group["overrideBootstrapCommand"] = LOCAL_NVME_RAID0
     group["labels"] = worker_labels(w)
@@ -120,6 +133,23 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations 
 OWNER_TAG = "trainlift.io/cluster"
 
 
+def with_caller_address(spec: ClusterSpec, cidr: str | None) -> ClusterSpec:
+    """The spec `cluster up` renders: with no api_access_cidrs of its own, only the caller's address (`cidr`, its
+    public address as a /32, looked up by cloud.caller) reaches the EKS API's public endpoint."""
+    if spec.api_access_cidrs or not cidr:
+        return spec
+    return spec.model_copy(update={"api_access_cidrs": [cidr]})
+
+
+def open_endpoint_note(spec: ClusterSpec) -> str:
+    """What eksctl.yaml's header says when no address limits the public endpoint ("" when one does)."""
+    if spec.api_access_cidrs:
+        return ""
+    return ("vpc.publicAccessCIDRs: none known at render time, so the EKS API endpoint is open to every address; "
+            "`trainlift cluster up` limits it to this machine's public address, or set api_access_cidrs in the "
+            "cluster spec")
+
+
 def render_eksctl(spec: ClusterSpec, reservations: Reservations | None = None) -> dict[str, Any]:
     """`reservations` (id -> facts from EC2) size Capacity Block groups; unknown blocks start at 0 nodes. The owner
     tag is in every render, so a cluster created from `render -o` is one `cluster down` recognizes."""
@@ -132,6 +162,8 @@ def render_eksctl(spec: ClusterSpec, reservations: Reservations | None = None) -
     if spec.availability_zones:
         config["availabilityZones"] = list(spec.availability_zones)
     config["vpc"] = {"clusterEndpoints": {"privateAccess": True, "publicAccess": True}}
+    if spec.api_access_cidrs:  # else EKS's default: every address (render says so in eksctl.yaml's header)
+        config["vpc"]["publicAccessCIDRs"] = list(spec.api_access_cidrs)
     config["iam"] = _iam(spec)
     config["addons"] = _addons(spec)
     groups = [_system_group(spec)] + [_worker_group(spec, w, reservations) for w in spec.workers]

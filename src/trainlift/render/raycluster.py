@@ -52,6 +52,23 @@ POD_SCRATCH_GIB = 20
 STOP_FLOOR_S = 60
 WRITE_SHARE = 4
 
+# Ray's token authentication, turned on by KubeRay (`authOptions.mode: token`, KubeRay >= 1.5.1, Ray >= 2.52.0:
+# ray-operator/controllers/ray/utils/validation.go@v1.7.0). With no `secretName`, the operator creates a Secret named
+# after the RayCluster holding a random token under the key `auth_token` (raycluster_controller.go,
+# reconcileAuthSecret), and sets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (a secretKeyRef to it) in the Ray containers
+# and in a RayJob's submitter (common/pod.go, SetContainerTokenAuthEnvVars). The token never appears in a manifest;
+# trainlift reads it from the Secret with kubectl when it reaches the head (ops.jobs.cluster_token).
+TOKEN_AUTH_MIN_RAY = "2.52.0"
+TOKEN_AUTH_MIN_KUBERAY = "1.5.1"
+AUTH_TOKEN_KEY = "auth_token"
+
+
+# The Ray containers run as the image's user (the Ray Train DLC's Dockerfile sets no USER: root), so no runAsNonRoot;
+# they get no Linux capabilities beyond IPC_LOCK on workers (memory EFA and NCCL pin) and cannot gain privileges.
+def security_context(*add: str) -> dict[str, Any]:
+    capabilities: dict[str, list[str]] = {"add": list(add)} if add else {}
+    return {"allowPrivilegeEscalation": False, "capabilities": {**capabilities, "drop": ["ALL"]}}
+
 
 def pod_size(profile: catalog.InstanceProfile, reserve: tuple[float, int, int]) -> tuple[int, int]:
     """(vCPUs, GiB) a pod can request on one node of this type, after headroom."""
@@ -138,6 +155,12 @@ def stop_wait_seconds(spec: ClusterSpec) -> int:
     return STOP_FLOOR_S + math.ceil(write_s)
 
 
+def auth_secret_name(spec: ClusterSpec) -> str:
+    """The Secret KubeRay creates with the standing RayCluster's token: the RayCluster's name (KubeRay's CheckName
+    keeps a name of at most 50 characters that starts with a letter, as every cluster spec's name does)."""
+    return spec.name
+
+
 def image_ref(spec: ClusterSpec) -> str:
     """The image the pods run: a digest reference as given, a floating catalog tag as the release it stands for,
     any other image as written; through the ECR cache with `image.cache: ecr`."""
@@ -157,6 +180,7 @@ def _container(spec: ClusterSpec, name: str, env: list[dict[str, Any]], resource
         "resources": _resources(resources),
         "volumeMounts": mounts,
         "lifecycle": stop_hooks.pre_stop(stop_script),
+        "securityContext": security_context(),
     }
 
 
@@ -229,8 +253,8 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] 
         env = {**env, STAGING_ENV: STAGING_PATH}
     env = {**env, "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_seconds(spec))}  # how long its preStop waits
     container = _container(spec, "ray-worker", _env(env, spec), amounts, mounts, stop_hooks.WORKER_WAIT)
-    # Locked (pinned) memory for EFA and NCCL buffers.
-    container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    # Locked (pinned) memory for EFA and NCCL buffers: the one capability a worker keeps.
+    container["securityContext"] = security_context("IPC_LOCK")
     pod: dict[str, Any] = {"terminationGracePeriodSeconds": stop_hooks.grace_period_s(stop_wait_seconds(spec)),
                            "nodeSelector": {"role": WORKER_ROLE, WORKER_GROUP_LABEL: w.name}}
     if w.taints:
@@ -256,6 +280,7 @@ def raycluster_spec(spec: ClusterSpec, placement: Callable[[WorkerGroup], dict[s
     """`placement`: a worker group's pod-template annotations (render.queues.placement_annotations)."""
     return {
         "rayVersion": spec.ray_version,
+        "authOptions": {"mode": "token"},
         "enableInTreeAutoscaling": False,
         "headGroupSpec": head_group(spec),
         "workerGroupSpecs": [worker_group(spec, w, placement(w) if placement else None) for w in spec.workers],

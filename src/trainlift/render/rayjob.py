@@ -18,7 +18,7 @@ from trainlift.errors import SpecError
 from trainlift.render.eksctl import SYSTEM_LABELS
 from trainlift.render.job_launch import job_entrypoint, job_runtime_env
 from trainlift.render.queues import placement_annotations, queue_labels
-from trainlift.render.raycluster import MANAGED_BY, image_ref, raycluster_spec, service_account
+from trainlift.render.raycluster import MANAGED_BY, image_ref, raycluster_spec, security_context
 
 # KubeRay derives names of the RayCluster and submitter Job from the RayJob's.
 MAX_NAME = 47
@@ -68,9 +68,11 @@ def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
             "the cluster, so the working dir must be a remote URI (e.g. s3://bucket/code.zip)"
         )
     if job.trainlift_uri is None or "://" not in job.trainlift_uri:
+        given = "no trainlift package is given" if job.trainlift_uri is None else \
+            f"{job.trainlift_uri} is not a remote URI"
         problems.append(
-            f"runtime_env.py_modules: {job.trainlift_uri or 'no trainlift package'} is not a remote URI; the "
-            "cluster's image has no trainlift, so ship it as a wheel: `trainlift package --upload s3://bucket/code/`"
+            f"runtime_env.py_modules: {given}; the cluster's image has no trainlift, so ship it as a wheel: "
+            "`trainlift package --upload s3://bucket/code/`"
         )
     if job.ttl_seconds_after_finished < 0:
         problems.append("ttl_seconds_after_finished: must be at least 0")
@@ -81,13 +83,17 @@ def job_problems(cluster: ClusterSpec, job: JobInputs) -> list[str]:
 
 def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
     # KubeRay fills in the `ray job submit` command; this places the submitter on
-    # the system nodes with a small footprint next to the head.
+    # the system nodes with a small footprint next to the head. It only posts the entrypoint and the runtime_env's
+    # URIs to the head's Jobs API (Ray uploads nothing for a working_dir or py_modules that is already a remote URI:
+    # ray/_private/runtime_env/working_dir.py, upload_working_dir_if_needed), so it touches no S3: it runs under the
+    # namespace's default service account, not the S3 role's, without an API token (it never calls Kubernetes).
+    # KubeRay gives it the head's Ray token (RAY_AUTH_TOKEN from the RayCluster's Secret).
     return {
         "metadata": {"labels": dict(MANAGED_BY)},
         "spec": {
             "restartPolicy": "Never",
             "nodeSelector": dict(SYSTEM_LABELS),
-            **service_account(cluster),
+            "automountServiceAccountToken": False,
             "containers": [{
                 "name": "ray-job-submitter",
                 "image": image_ref(cluster),
@@ -97,6 +103,7 @@ def _submitter(cluster: ClusterSpec) -> dict[str, Any]:
                     "limits": {"cpu": "1", "memory": "1Gi"},
                     "requests": {"cpu": "200m", "memory": "512Mi"},
                 },
+                "securityContext": security_context(),
             }],
         },
     }

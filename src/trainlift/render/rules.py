@@ -10,7 +10,10 @@ from trainlift.config.cluster import ClusterSpec, WorkerGroup
 from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP, Reservations
 from trainlift.render.kueue import queue_problems
 from trainlift.render.image_cache import cache_problems
+from trainlift.redact import has_uri_credentials
 from trainlift.render.problems import Problem, raise_problems
+from trainlift.render.raycluster import TOKEN_AUTH_MIN_KUBERAY, TOKEN_AUTH_MIN_RAY
+from trainlift.render.s3_access import location_problems
 
 _SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
 _KEY_QUALIFIERS = {"API", "ACCESS", "PRIVATE", "SECRET", "SIGNING"}
@@ -18,6 +21,12 @@ _SECRET_VALUE = re.compile(
     r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
     r"|xox[abp]-[A-Za-z0-9\-]{10,})$"
 )
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    """'2.58.0' -> (2, 58, 0); () when it does not start with a number."""
+    match = re.match(r"(\d+(?:\.\d+)*)", text or "")
+    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
 
 
 def looks_secret(name: str, value: str) -> bool:
@@ -98,6 +107,18 @@ def _cluster_problems(spec: ClusterSpec) -> list[Problem]:
     known = catalog.image_ray_version(image.uri)
     if known is not None and image.ray_version != known:
         problems.append(Problem("image.ray_version", f"{image.ray_version}, but {image.uri} ships Ray {known}"))
+    if () < _version(spec.ray_version) < _version(TOKEN_AUTH_MIN_RAY):
+        problems.append(Problem(
+            "ray_version", f"{spec.ray_version} has no token authentication (Ray {TOKEN_AUTH_MIN_RAY} or later), which "
+            "the rendered RayCluster turns on so that only holders of its token reach the head",
+            hint=f"use an image with Ray {TOKEN_AUTH_MIN_RAY} or later",
+        ))
+    if () < _version(spec.versions.kuberay.lstrip("v")) < _version(TOKEN_AUTH_MIN_KUBERAY):
+        problems.append(Problem(
+            "versions.kuberay", f"{spec.versions.kuberay} has no RayCluster authOptions (KubeRay "
+            f"{TOKEN_AUTH_MIN_KUBERAY} or later), with which the rendered RayCluster requires Ray's token",
+            hint=f"pin KubeRay {TOKEN_AUTH_MIN_KUBERAY} or later, or drop versions.kuberay to take the default",
+        ))
     if spec.ray_version != image.ray_version:
         problems.append(Problem(
             "ray_version", f"{spec.ray_version} differs from the image's Ray {image.ray_version} ({image.uri})",
@@ -121,13 +142,26 @@ def _secret_problems(spec: ClusterSpec) -> list[Problem]:
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(Problem(f"secrets[{names.index(name)}].env", f"{name} is filled by more than one secret"))
     for name, value in spec.env.items():
-        if looks_secret(name, value):
+        if has_uri_credentials(value):  # the value is not echoed: it is the thing being protected
+            problems.append(Problem(
+                f"env.{name}", "holds a URI with credentials (user:password@), which the RayCluster and every pod's "
+                "spec would show",
+                hint=f"drop user:password@ from the URI and give the credential through a Kubernetes Secret: "
+                f"secrets: [{{env: NAME, secret: SECRET, key: KEY}}] (a secretKeyRef), created with kubectl -n "
+                f"{spec.namespace} create secret generic SECRET --from-literal=KEY=...",
+            ))
+        elif looks_secret(name, value):
             problems.append(Problem(
                 f"env.{name}", "looks like a secret value written inline",
                 hint=f"store it in a Kubernetes Secret and list it under secrets: "
                 f"[{{env: {name}, secret: NAME, key: KEY}}]",
             ))
     return problems
+
+
+def _storage_problems(spec: ClusterSpec) -> list[Problem]:
+    s3 = spec.storage.s3 if spec.storage else None
+    return location_problems(s3) if s3 is not None else []
 
 
 def _reservation_spec_problems(spec: ClusterSpec) -> list[Problem]:
@@ -190,7 +224,7 @@ def reservation_problems(spec: ClusterSpec, reservations: Reservations) -> list[
 def cluster_problems(spec: ClusterSpec) -> list[Problem]:
     """Every rule the spec breaks, worker groups first (their problems are usually the cause)."""
     return (_worker_problems(spec) + _reservation_spec_problems(spec) + _cluster_problems(spec) + _secret_problems(spec)
-            + queue_problems(spec) + cache_problems(spec))
+            + _storage_problems(spec) + queue_problems(spec) + cache_problems(spec))
 
 
 def check_cluster(spec: ClusterSpec) -> None:

@@ -4,7 +4,10 @@ The role (IRSA, rendered in eksctl.yaml) may read and write under `storage.s3.ur
 read under each `storage.s3.read` location, nothing else. `s3_access_problems` finds
 every S3 URI a job uses that the role does not cover, so render and submit refuse it
 before anything starts. An existing role (`storage.s3.role_arn`) is the user's: its
-policy is not visible here, so nothing is checked against it.
+policy is not visible here, so nothing is checked against it, except that code (the
+RayJob's working_dir and py_modules zips) never lies under `uri`, which the pods write.
+`location_problems` refuses locations that would widen the policy: a wildcard or a `..`
+segment (IAM and S3 take both literally), or a whole bucket without `allow_whole_bucket`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class S3Use:
     field: str
     uri: str
     write: bool = False
+    code: bool = False  # code every node runs (runtime_env zips): read-only, never where the pods may write
 
 
 @dataclass(frozen=True)
@@ -100,9 +104,45 @@ def job_s3_uses(job: JobSpec) -> list[S3Use]:
 
 def runtime_env_s3_uses(working_dir: str | None, py_modules: Iterable[str | None]) -> list[S3Use]:
     """The S3 URIs of a runtime_env: the working dir and py_modules zips Ray downloads on every node."""
-    candidates = [S3Use("runtime_env.working_dir", working_dir or "")]
-    candidates += [S3Use("runtime_env.py_modules", m or "") for m in py_modules]
+    candidates = [S3Use("runtime_env.working_dir", working_dir or "", code=True)]
+    candidates += [S3Use("runtime_env.py_modules", m or "", code=True) for m in py_modules]
     return [u for u in candidates if u.uri.startswith("s3://")]
+
+
+def _location_problem(field: str, uri: str, write: bool, whole_bucket_ok: bool) -> Problem | None:
+    bucket, key = split_s3(uri)
+    example = f"s3://{bucket}/{'runs' if write else 'data'}"
+    if "*" in key or "?" in key:
+        return Problem(field, f"{uri} holds a wildcard; IAM reads * and ? in the policy as patterns, so the role "
+                       "would reach more than this one folder", hint=f"name the folder itself, e.g. {example}")
+    if ".." in key.split("/"):
+        return Problem(field, f"{uri} has a '..' segment; S3 keys are literal, so the role's folder would not be "
+                       "the one the path seems to name", hint=f"write the folder without '..', e.g. {example}")
+    if not key and not whole_bucket_ok:
+        reach = "read, write and delete" if write else "read"
+        return Problem(field, f"{uri} is a whole bucket; the pods' role could {reach} every object in it",
+                       hint=f"narrow it to a folder, e.g. {example}, or set storage.s3.allow_whole_bucket: true "
+                       "if the bucket holds nothing else")
+    return None
+
+
+def location_problems(s3: S3Storage) -> list[Problem]:
+    """The storage locations that would widen the rendered policy beyond the folders they name (a whole bucket is
+    the user's business with their own role, `role_arn`: no policy is rendered then)."""
+    whole_ok = s3.allow_whole_bucket or s3.role_arn is not None
+    found = [_location_problem("storage.s3.uri", s3.uri, True, whole_ok)]
+    found += [_location_problem(f"storage.s3.read[{i}]", uri, False, whole_ok) for i, uri in enumerate(s3.read)]
+    return [p for p in found if p is not None]
+
+
+def _code_problems(s3: S3Storage, uses: list[S3Use]) -> list[Problem]:
+    """Code under the writable `uri`: any job (or anything holding the role) could replace what every node runs."""
+    store = Grant(s3.bucket, s3.prefix, True)
+    return [Problem(u.field, f"{u.uri} is under storage.s3.uri ({store.uri()}), which the pods' role may write: "
+                    "a job could replace the code every node runs",
+                    hint=f"upload code outside it, e.g. s3://{s3.bucket}/code/, and list that folder in "
+                    "storage.s3.read of the cluster spec (read-only)")
+            for u in uses if u.code and store.covers(*split_s3(u.uri))]
 
 
 def _reach(grants: list[Grant]) -> str:
@@ -114,21 +154,25 @@ def s3_access_problems(cluster: ClusterSpec, uses: Iterable[S3Use]) -> list[Prob
     """Every S3 URI in `uses` that the cluster's rendered role may not read (or write, where the use writes)."""
     uses = [u for u in uses if u.uri.startswith("s3://")]
     s3 = cluster.storage.s3 if cluster.storage else None
+    code = _code_problems(s3, uses) if s3 is not None else []
     if not uses or (s3 is not None and s3.role_arn is not None):
-        return []
+        return code
     if s3 is None:
         return [Problem(u.field, f"{u.uri}: the cluster spec has no storage.s3, so its pods have no S3 role",
                         hint="add storage.s3 (uri: where runs are written; read: locations the job only reads)")
                 for u in uses]
-    grants, problems = role_grants(s3), []
+    grants, problems = role_grants(s3), code
     for u in uses:
         bucket, key = split_s3(u.uri)
         if any(g.covers(bucket, key) and (g.write or not u.write) for g in grants):
             continue
         verb = "write" if u.write else "read"
-        hint = (f"keep {u.field} under {grants[0].uri()} (a local run.storage in the job spec takes the cluster's)"
-                if u.write else f"move it under {grants[0].uri()}, or list its location in storage.s3.read of the "
-                "cluster spec")
+        if u.write:
+            hint = f"keep {u.field} under {grants[0].uri()} (a local run.storage in the job spec takes the cluster's)"
+        elif u.code:
+            hint = "list its folder in storage.s3.read of the cluster spec (code stays out of storage.s3.uri)"
+        else:
+            hint = f"move it under {grants[0].uri()}, or list its location in storage.s3.read of the cluster spec"
         problems.append(Problem(u.field, f"{u.uri} is outside what the pods' S3 role may {verb} ({_reach(grants)})",
                                 hint=hint))
     return problems

@@ -25,10 +25,14 @@ from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray, ray_output
 from trainlift.train.data import cache as datacache
-from trainlift.train.run import board as progress, failures, metrics, preflight, trackers
+from trainlift.train.data import source as datasource
+from trainlift.train.run import board as progress, failures, metrics, preflight, spec_record, trackers
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
+# The Hugging Face libraries' bars ("Loading weights", "Writing model shards") would land in the job's log between
+# trainlift's progress lines, which `submit --follow` shows.
+QUIET_WORKERS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def prepare_model(spec: JobSpec) -> None:
@@ -154,7 +158,7 @@ def prepare(spec: JobSpec, started_at: float, data_cache: dict[str, dict]) -> Pr
         nccl_env = nccl_log_env(nccl_log_prefix)
     forget_ray_checkpoint_list(spec)
     return Prepared(data_cache, scaling, use_gpu, nccl_log_prefix,
-                    {**nccl_env, **allocator_env(use_gpu, os.environ), **trackers.worker_env()})
+                    {**nccl_env, **allocator_env(use_gpu, os.environ), **trackers.worker_env(), **QUIET_WORKERS})
 
 
 def allocator_env(use_gpu: bool, environ) -> dict[str, str]:
@@ -220,28 +224,37 @@ def run_training(
     on_update: Callable[[dict], None] | None = None,
     train_loop: Callable[[dict], None] | None = None,
     verbose: bool = False,
+    allow_spec_change: bool = False,
 ) -> dict[str, Any]:
     """Train `spec` to completion (or to `stop_at_step`); returns the summary written to summary.json.
     `train_loop` replaces the recipe's train function on the workers (benchmarks wrap it). What Ray and the
-    libraries print goes to the run's driver.log, and onto the console too with `verbose`."""
+    libraries print goes to the run's driver.log, and onto the console too with `verbose`. A run started with
+    another training spec is refused unless `allow_spec_change`."""
     spec = preflight.check(spec)
+    fields = spec_record.training_fields(spec, datasource.fingerprint(datasource.resolve(spec.data.train)))
+    changes = spec_record.check(spec, fields, allow_spec_change)
     finished = finished_summary(spec)
     if finished is not None:
         return {**finished, "already_finished": True}
+    if changes and on_update is not None:
+        on_update({"event": "note", "text": f"run {spec.run.name} goes on with a changed spec: {'; '.join(changes)}"})
     log_path = ray_output.run_log_path(spec.run_uri, spec.run.name)
-    with driver_record(spec), ray_output.RunOutput(log_path, verbose) as output:
+    with driver_record(spec, fields), ray_output.RunOutput(log_path, verbose) as output:
         return _run_with_ray(spec, address, stop_at_step, skip_doctor, on_update, train_loop, output)
 
 
 @contextlib.contextmanager
-def driver_record(spec: JobSpec):
+def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
     """<run>/driver.json names this process while it drives the run, so `trainlift runs` can tell a run whose
-    driver died (killed, machine lost) from one that is going."""
+    driver died (killed, machine lost) from one that is going; the run's spec record is written once no other
+    driver holds the run."""
     import socket
 
     from trainlift.rundir import DRIVER_RECORD
 
     refuse_second_driver(spec)
+    if training_fields is not None:
+        spec_record.write(spec, training_fields)
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
@@ -282,6 +295,8 @@ def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
 
     started_at = time.time()
     data_cache = prepare_before_ray(spec)
+    if on_update is not None:
+        on_update({"event": "ray", "address": address or os.environ.get("RAY_ADDRESS")})
     requested = spec.scaling.max_workers or 1
     connected = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, requested * spec.scaling.cpus_per_worker),
                              log_to_driver=ray_output.forwards_worker_lines())

@@ -346,13 +346,13 @@ def train_loop_per_worker(config: dict) -> None:
     log = RunLog(w, config.get("board"), step, fpt)
     evaluator = Evaluator(model, eval_data, w, log)
     start_row = log.started(step, resumed_from, facts)
-    initial_eval = evaluator(step) if step == 0 else None
+    initial_eval = evaluator(step) if step == 0 else log.sink.recorded_initial_eval()
     log.post(start_row)
     step, loss, last_eval = train(w, model, optimizer, scheduler, train_data, step, cursor, evaluator, log,
                                   StopRequests(config.get("board"), w.rank), config.get("stop_at_step"))
 
     finished = step >= spec.train.steps
-    eval_loss = last_eval if last_eval is not None else initial_eval
+    eval_loss = last_eval  # a stopped run evaluated only at its start has no eval loss of its own yet
     if finished:
         eval_loss = evaluator(step) if evaluator.batches else eval_loss
         export_run(w, model, model_config, tokenizer())

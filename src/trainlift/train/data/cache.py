@@ -16,9 +16,9 @@ workers open it, rank 0 rebuilds it while the others wait at a barrier.
 
 On local storage a cache is built in a sibling directory and renamed into place. On `s3://` the arrays are
 uploaded first, under a prefix of the build's own (`<key>/<build>/rows-00000.npy`, named by the manifest's
-`prefix`), and the manifest last; each node downloads a cache once (under a file lock, into the system's
-temporary directory) and maps its local copy. Nothing committed is ever deleted, so two runs building one
-key cannot pull a cache from under each other.
+`prefix`), and the manifest last; each node downloads a cache once (under a file lock, into this user's
+`<tmp>/trainlift-<uid>/data-cache`, refused when another user owns it or may write it) and maps its local copy.
+Nothing committed is ever deleted, so two runs building one key cannot pull a cache from under each other.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -37,6 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow.fs as pafs
 
+from trainlift.errors import UsageError
+from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
 from trainlift.train.data import examples as data, source as datasource
 
 VERSION = 1
@@ -195,18 +198,36 @@ def _commit_remote(fs: pafs.FileSystem, staging: str, final: str, manifest: dict
 
 
 def read_manifest(fs: pafs.FileSystem, directory: str, key: str) -> dict | None:
-    """The manifest of a committed cache whose files all have their recorded sizes; None otherwise."""
+    """The manifest of a committed cache whose files all have their recorded sizes; None otherwise. One that names
+    files `build` does not write is refused (UsageError): its names become paths on this node."""
     try:
         with fs.open_input_stream(f"{directory}/{MANIFEST}") as fh:
             manifest = json.loads(fh.read())
+        if manifest.get("version") != VERSION or manifest.get("key") != key:
+            return None
+        refuse_foreign_names(manifest, directory)
         infos = fs.get_file_info([f"{directory}/{manifest.get('prefix', '')}{name}" for name in manifest["files"]])
-    except (OSError, ValueError, KeyError, TypeError):
+        sizes = [f["bytes"] for f in manifest["files"].values()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if manifest.get("version") != VERSION or manifest.get("key") != key:
-        return None
-    if any(i.type != pafs.FileType.File or i.size != f["bytes"] for i, f in zip(infos, manifest["files"].values())):
+    if any(i.type != pafs.FileType.File or i.size != size for i, size in zip(infos, sizes)):
         return None
     return manifest
+
+
+SHARD_FILE = re.compile(r"(rows|meta)-\d{5}\.npy")
+BUILD_PREFIX = re.compile(r"([0-9a-f]{8}/)?")  # `build`'s build id, on object storage
+
+
+def refuse_foreign_names(manifest: dict, directory: str) -> None:
+    prefix = manifest.get("prefix", "")
+    foreign = [repr(name) for name in manifest["files"] if not SHARD_FILE.fullmatch(name)]
+    if not (isinstance(prefix, str) and BUILD_PREFIX.fullmatch(prefix)):
+        foreign.insert(0, f"prefix {prefix!r}")
+    if foreign:
+        raise UsageError(f"{directory}/{MANIFEST} names {', '.join(foreign)}: not a data cache trainlift wrote, so "
+                         "nothing of it is read or downloaded",
+                         hint=f"delete {directory} (it is built again) and check who else can write run.storage")
 
 
 def verified(directory: str, key: str) -> dict | None:
@@ -234,8 +255,7 @@ def local_copy(fs: pafs.FileSystem, root: str, key: str) -> str | None:
     per-node copy downloaded once (the first worker on a node downloads it, the others wait on a file lock)."""
     if isinstance(fs, pafs.LocalFileSystem):
         return f"{root}/{key}"
-    base = os.path.join(tempfile.gettempdir(), "trainlift-data-cache")
-    os.makedirs(base, exist_ok=True)
+    base = str(private_dir(user_temp_dir() / "data-cache", elsewhere=TMPDIR_FIX))
     target = os.path.join(base, key)
     with open(f"{target}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -12,6 +12,7 @@ field spanning lines shifts the count), `file:row N` for Parquet and JSON arrays
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import io
 import json
@@ -80,7 +81,13 @@ def resolve(spec_path: str, field: str = "data.train") -> list[DataFile]:
 def fingerprint(files: list[DataFile]) -> str:
     """What identifies the data: local files by their content (sha256); S3 objects by URI, size and
     modification time (an object is rewritten whole, so any change moves its time) to avoid downloading
-    the whole data set at every start just to hash it."""
+    the whole data set at every start just to hash it. Hashed once per process for files of the same size and
+    modification time (the run's spec record and the data cache both ask)."""
+    return _fingerprint(tuple(files))
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(files: tuple[DataFile, ...]) -> str:
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.uri.encode() if "://" in f.uri else posixpath.basename(f.uri).encode())

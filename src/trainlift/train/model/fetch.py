@@ -5,10 +5,12 @@ file lock downloads, the others on the node wait on the lock and then read what 
 needs are fetched: the weight files that `model.safetensors.index.json` names (else `model.safetensors`), the
 config, generation config and tokenizer files; other `*.safetensors` under the prefix are not read.
 
-The cache is `<staging root>/models/<name of the path>`: the staging root is the node-local directory that the
-rendered worker pods mount (TRAINLIFT_STAGING_DIR, else the system's temporary directory); TRAINLIFT_MODEL_CACHE
-names another root. A download goes to `<name>.partial` and is renamed into place once every file is whole, with
-a marker in it, so a download that was cut off is never taken for a complete one (the next caller starts over).
+The cache is `<root>/models/<name of the path>`: the root is the node-local staging directory that the rendered
+worker pods mount (TRAINLIFT_STAGING_DIR), else this user's `trainlift-<uid>` in the system's temporary directory;
+TRAINLIFT_MODEL_CACHE names the cache directory itself. The `models` directory trainlift picks is this user's alone
+(private_dir.py): one another user owns or may write is refused, not read. A download goes to `<name>.partial`
+and is renamed into place once every file is whole, with a marker in it, so a download that was cut off is never
+taken for a complete one (the next caller starts over).
 The driver fetches the config and tokenizer alone (`weights=False`, into `<name>.config`).
 
 Imports neither torch nor transformers: the driver uses it.
@@ -26,6 +28,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from trainlift.errors import UsageError
+from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
 
 # Where a worker stages checkpoints before their upload, and keeps this cache: the rendered worker pods mount the
 # node's local NVMe there; elsewhere it is the system's temporary directory.
@@ -54,8 +57,12 @@ def staging_root() -> str:
 
 
 def cache_root() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path(staging_root()) / "models"
+    """TRAINLIFT_MODEL_CACHE as given, else `models` under the staging directory or this user's temporary one."""
+    if root := os.environ.get(CACHE_ENV):
+        return Path(root)
+    if staging := os.environ.get(STAGING_ENV):
+        return private_dir(Path(staging) / "models", elsewhere=f"point {STAGING_ENV} or {CACHE_ENV} elsewhere")
+    return private_dir(user_temp_dir() / "models", elsewhere=f"{TMPDIR_FIX}, or set {CACHE_ENV}")
 
 
 def cache_name(path: str) -> str:
@@ -146,17 +153,29 @@ def download_s3(uri: str, out: Path, weights: bool) -> list[str]:
         raise UsageError(f"model.path: {uri} holds no config.json",
                          hint="upload the whole save_pretrained directory under that prefix")
     for name in wanted:
-        _copy(fs, f"{prefix}/{name}", out / name, listed[name])
+        _copy(fs, f"{prefix}/{name}", staged(out, name, uri), listed[name])
     if weights:
-        files = weight_files(out)
+        files = {name: staged(out, name, uri) for name in weight_files(out)}
         missing = [name for name in files if name not in listed]
         if missing:
             raise UsageError(f"model.path: {uri} lacks {', '.join(missing)}",
                              hint="upload every file that model.safetensors.index.json names")
-        for name in files:
-            _copy(fs, f"{prefix}/{name}", out / name, listed[name])
+        for name, destination in files.items():
+            _copy(fs, f"{prefix}/{name}", destination, listed[name])
             wanted.append(name)
     return wanted
+
+
+def staged(out: Path, name: str, uri: str) -> Path:
+    """`out / name`, refused unless that is a file directly in `out`: the names come from the bucket (its listing
+    and the weight map of its index)."""
+    path = out / name
+    if name in ("", ".", "..") or path.resolve().parent != out.resolve():
+        raise UsageError(f"model.path: {uri} names {name!r} (in {INDEX} or its listing), which is not a file of "
+                         "that folder, so nothing is downloaded",
+                         hint=f"the weight map of {INDEX} names files beside it; fix it, and check who else can "
+                              "write that bucket")
+    return path
 
 
 def _copy(fs, source: str, destination: Path, size: int) -> None:

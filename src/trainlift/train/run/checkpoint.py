@@ -150,14 +150,13 @@ def load(fs: pafs.FileSystem, path: str, model, optimizer, scheduler, rank: int)
     """Load a checkpoint (saved by any number of ranks) into this rank, reading only the parts this rank needs
     straight from `fs` (local or S3); returns (step, data cursor)."""
     import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    from trainlift.train.model.dcp_reader import ArrowReader
+    from trainlift.train.run.safe_load import load_state
 
     model_sd, optim_sd = trainable_state(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=ArrowReader(fs, path))  # fails on any trainable key the checkpoint lacks
+    load_state(state, fs, path)  # fails on any trainable key the checkpoint lacks
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(strict=False))  # frozen weights are absent on purpose
     trainer = json.loads(_read(fs, f"{path}/{TRAINER_STATE}"))
@@ -196,10 +195,11 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
 
 def load_weights_unsharded(checkpoint_dir: str, model) -> None:
     """Load a checkpoint's model weights into a plain (unsharded, single-process) model."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from trainlift.train.run.safe_load import load_state
 
     model_sd = get_model_state_dict(model)
     state = {"model": model_sd}
-    dcp.load(state, checkpoint_id=checkpoint_dir)
+    load_state(state, pafs.LocalFileSystem(), checkpoint_dir)
     model.load_state_dict(state["model"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 
 from typing import TYPE_CHECKING
@@ -38,14 +39,19 @@ class LocalMirror:
         if self.is_local:
             self.path = remote
             return
-        directory = tempfile.mkdtemp(prefix="trainlift-mirror-")
-        self.path = os.path.join(directory, name) if name else directory
+        self.directory = tempfile.mkdtemp(prefix="trainlift-mirror-")
+        self.path = os.path.join(self.directory, name) if name else self.directory
         if name and fs.get_file_info(remote).type == pafs.FileType.File:
             pafs.copy_files(remote, self.path, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
 
     def upload(self) -> None:
         if not self.is_local:
             pafs.copy_files(self.path, self.remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+
+    def remove(self) -> None:
+        """Drop the temporary copy (after its last upload)."""
+        if not self.is_local:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class JsonlSink:
@@ -72,6 +78,20 @@ class JsonlSink:
     def close(self, summary: dict | None = None) -> None:
         self.flush()
         self._fh.close()
+        self.mirror.remove()
+
+    def recorded_initial_eval(self) -> float | None:
+        """The eval loss the run measured at step 0, as an earlier start of it wrote it (None if it never did)."""
+        initial = None
+        with open(self.mirror.path, encoding="utf-8") as rows:
+            for line in rows:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and row.get("step") == 0 and "eval_loss" in row:
+                    initial = row["eval_loss"]
+        return initial
 
 
 class NullSink:
@@ -88,6 +108,9 @@ class NullSink:
 
     def close(self, summary: dict | None = None) -> None:
         pass
+
+    def recorded_initial_eval(self) -> float | None:
+        return None
 
 
 def device_peak_flops(device: torch.device) -> float | None:

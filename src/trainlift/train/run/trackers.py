@@ -29,7 +29,7 @@ import yaml
 
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError, UsageError
-from trainlift.redact import uri_credentials
+from trainlift.redact import refuse_uri_credentials, uri_credentials
 from trainlift.train.run import metrics
 
 FLUSH_INTERVAL_S = 30.0
@@ -92,6 +92,7 @@ def check(spec: JobSpec) -> None:
     if not uri:
         raise SpecError("run.mlflow_uri: the mlflow tracker needs a tracking server",
                         hint="set run.mlflow_uri or MLFLOW_TRACKING_URI, e.g. http://mlflow.example:5000")
+    refuse_uri_credentials("MLFLOW_TRACKING_URI", uri)  # worker_env ships it in the workers' runtime_env
     from mlflow.tracking import MlflowClient
 
     try:
@@ -153,6 +154,7 @@ class TensorBoardTracker:
     def close(self, summary: dict[str, Any] | None = None) -> None:
         self.writer.close()
         self.flush()
+        self.mirror.remove()
 
 
 class MlflowTracker:
@@ -263,6 +265,9 @@ class TrackedSink:
 
     def checkpointed(self, step: int) -> None:
         self.queue.put(("checkpointed", step))
+
+    def recorded_initial_eval(self) -> float | None:
+        return self.jsonl.recorded_initial_eval()
 
     def close(self, summary: dict | None = None) -> None:
         self.jsonl.close()

@@ -1,0 +1,109 @@
+"""A run remembers what it learns from: a rerun or resume with another model, data, batch, optimizer, schedule or
+adapter is refused in one line naming the changed fields; steps, cadences, trackers and workers may change.
+
+Ray is never started: `ensure_ray` is replaced by a function that raises `RayWouldStart`, so a test sees whether
+the run would have gone on to train."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainlift.config.job import load_job_spec
+from trainlift.errors import UsageError
+from trainlift.train import launch
+from trainlift.train.data import source as datasource
+from trainlift.train.run import spec_record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class RayWouldStart(Exception):
+    pass
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    def ensure_ray(*args, **kwargs):
+        raise RayWouldStart
+
+    monkeypatch.setattr(launch, "ensure_ray", ensure_ray)
+
+
+def spec(tmp_path: Path, *overrides: str):
+    return load_job_spec(ROOT / "examples" / "tiny-local.yaml",
+                         [f"run.storage={tmp_path / 'runs'}", "run.name=remembered",
+                          f"model.path={tmp_path / 'model'}", *overrides])
+
+
+def finished_run(tmp_path: Path, *overrides: str):
+    """A run that finished its 20 steps with the spec `overrides` give, as a driver leaves it."""
+    job = launch.preflight.check(spec(tmp_path, "train.steps=20", *overrides))
+    fields = spec_record.training_fields(job, datasource.fingerprint(datasource.resolve(job.data.train)))
+    spec_record.write(job, fields)
+    Path(job.run_uri, "summary.json").write_text(json.dumps({"finished": True, "steps": 20, "run": job.run_uri,
+                                                               "name": job.run.name}))
+    return job
+
+
+def test_a_finished_run_asked_to_train_on_other_data_and_lr_is_refused_naming_both(tmp_path, no_ray):
+    finished_run(tmp_path)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n')
+    with pytest.raises(UsageError) as caught:
+        launch.run_training(spec(tmp_path, "train.steps=20", f"data.train={other}", "train.lr=0.001"))
+    assert caught.value.message == ("run remembered was started with another spec: data.train (its rows changed); "
+                                    "train.lr 0.003 → 0.001")
+    assert "--allow-spec-change" in caught.value.hint and "another run.name" in caught.value.hint
+
+
+def test_more_steps_other_cadences_and_workers_train_on(tmp_path, no_ray):
+    finished_run(tmp_path)
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path, "train.steps=40", "train.eval_every=5", "checkpoint.every_steps=7",
+                                 "scaling.workers=1", "run.trackers=[]"))
+    assert launch.run_training(spec(tmp_path, "train.steps=20", "train.eval_every=5"))["already_finished"]
+
+
+def test_the_same_rows_at_another_path_are_the_same_data(tmp_path, no_ray):
+    job = finished_run(tmp_path)
+    moved = tmp_path / "moved" / Path(job.data.train).name
+    moved.parent.mkdir()
+    shutil.copy(job.data.train, moved)
+    assert launch.run_training(spec(tmp_path, "train.steps=20", f"data.train={moved}"))["already_finished"]
+
+
+def test_allow_spec_change_goes_on_says_so_and_records_the_new_spec(tmp_path, no_ray):
+    job = finished_run(tmp_path)
+    notes = []
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path, "train.steps=40", "model.lora.r=4"), allow_spec_change=True,
+                            on_update=lambda row: notes.append(row.get("text")) if row["event"] == "note" else None)
+    assert notes == ["run remembered goes on with a changed spec: model.lora.dropout unset → 0.0; model.lora.r "
+                     'unset → 4; model.lora.target_modules unset → "all-linear"']
+    assert spec_record.read(job)["model.lora.r"] == 4
+    with pytest.raises(RayWouldStart):  # the new spec is now the run's: the same again needs no flag
+        launch.run_training(spec(tmp_path, "train.steps=40", "model.lora.r=4"))
+
+
+def test_a_run_without_a_record_is_not_refused_and_gets_one(tmp_path, no_ray):
+    job = launch.preflight.check(spec(tmp_path))
+    Path(job.run_uri).mkdir(parents=True, exist_ok=True)
+    Path(job.run_uri, "metrics.jsonl").write_text('{"event": "start", "step": 0}\n')
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path))
+    assert spec_record.read(job)["train.lr"] == job.train.lr
+
+
+def test_what_is_recorded_leaves_out_what_may_change():
+    job = load_job_spec(ROOT / "examples" / "tiny-local.yaml", [])
+    fields = spec_record.training_fields(job, "abc")
+    assert fields["data.train"] == "sha256:abc"
+    assert {"train.lr", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.seq_len",
+            "model.path", "train.warmup_steps"} <= set(fields)
+    assert not [f for f in fields if f.split(".")[0] in ("run", "scaling", "parallel", "checkpoint", "export",
+                                                          "runtime")]
+    assert not {"train.steps", "train.eval_every", "data.eval", "data.eval_examples"} & set(fields)
