@@ -48,8 +48,10 @@ def test_a_dead_drivers_record_does_not_hold_the_run(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "driver.json").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345,
                                                      "started": time.time()}))
-    with launch.driver_record(job):
+    with launch.driver_record(job) as taken_over:
         assert json.loads((run_dir / "driver.json").read_text())["pid"] == os.getpid()
+    assert taken_over == (f"run guarded: its last driver (pid {2**22 + 12345} on {socket.gethostname()}) is gone "
+                          "without ending it; this one takes the run over")
     assert not (run_dir / "driver.json").exists()
 
 

@@ -16,7 +16,7 @@ RACER = textwrap.dedent("""
     import os, sys, time
     from trainlift.train.model import fetch
 
-    def slow_download(path, out, weights):
+    def slow_download(path, out, weights, revision=None):
         with open(sys.argv[1], "a") as log:
             log.write(f"{os.getpid()}\\n")
         time.sleep(1.5)  # long enough for the other process to reach the lock

@@ -53,6 +53,9 @@ class ModelSection(_Section):
         "With `path` too, the model is built once, saved to `path`, then loaded from there.",
     )
     tokenizer: str | None = Field(None, description="Tokenizer directory or hub id; default: model.path.")
+    revision: str | None = Field(
+        None, pattern=r"^[0-9a-f]{40}$", description="The hub commit (40 hex digits) of a hub model.path, fetched "
+        "on every node: what was reviewed is what trains. Unset: the repository's main branch at fetch time.")
     activation_checkpointing: bool = False
     attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
         "auto", description="Attention kernel. auto: flash_attention_2 on a GPU with flash-attn installed (packed "
@@ -66,6 +69,8 @@ class ModelSection(_Section):
             raise ValueError("set model.path (a model directory or hub id) or model.config")
         if self.path is None and self.tokenizer is None:
             raise ValueError("model.tokenizer is required when the model is built from model.config alone")
+        if self.revision is not None and (self.path is None or "://" in self.path):
+            raise ValueError("model.revision pins a hub model's commit; model.path is not a hub id")
         if self.config is not None and self.path is not None and "://" in self.path:
             raise ValueError(f"model.path: {self.path} cannot take a model built from model.config (it is saved to "
                              "a local directory); drop model.path, or upload the built model and drop model.config")

@@ -239,7 +239,9 @@ def run_training(
     if changes and on_update is not None:
         on_update({"event": "note", "text": f"run {spec.run.name} goes on with a changed spec: {'; '.join(changes)}"})
     log_path = ray_output.run_log_path(spec.run_uri, spec.run.name)
-    with driver_record(spec, fields), ray_output.RunOutput(log_path, verbose) as output:
+    with driver_record(spec, fields) as taken_over, ray_output.RunOutput(log_path, verbose) as output:
+        if taken_over and on_update is not None:
+            on_update({"event": "note", "text": taken_over})
         return _run_with_ray(spec, address, stop_at_step, skip_doctor, on_update, train_loop, output)
 
 
@@ -247,12 +249,12 @@ def run_training(
 def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
     """<run>/driver.json names this process while it drives the run, so `trainlift runs` can tell a run whose
     driver died (killed, machine lost) from one that is going; the run's spec record is written once no other
-    driver holds the run."""
+    driver holds the run. Yields the note that this driver took over from a dead one, if it did."""
     import socket
 
     from trainlift.rundir import DRIVER_RECORD
 
-    refuse_second_driver(spec)
+    taken_over = refuse_second_driver(spec)
     if training_fields is not None:
         spec_record.write(spec, training_fields)
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
@@ -261,24 +263,29 @@ def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
     with fs.open_output_stream(f"{path}/{DRIVER_RECORD}") as out:
         out.write(json.dumps(record).encode())
     try:
-        yield
+        yield taken_over
     finally:
         with contextlib.suppress(OSError):
             fs.delete_file(f"{path}/{DRIVER_RECORD}")
 
 
-def refuse_second_driver(spec: JobSpec) -> None:
+def refuse_second_driver(spec: JobSpec) -> str | None:
     """One writer per run: a run another driver is training (its process alive on this host; on another host, its
-    metrics written within the last minutes) is refused in one line before anything is written."""
+    metrics written within the last minutes) is refused in one line before anything is written. Returns a note
+    when the run's recorded driver is gone and this one takes the run over."""
     from trainlift import rundir
 
     try:
         run = rundir.read_run(spec.run_uri)
     except UsageError:  # no run here yet, or one without metrics: only a live driver on this host holds it
         run = rundir.Run(spec.run.name, spec.run_uri, [], None, None, None, None, rundir.read_driver(spec.run_uri))
-    if run.driver is None or rundir.state(run, time.time()) != "running":
-        return
     d = run.driver
+    if d is None:
+        return None
+    if rundir.state(run, time.time()) != "running":
+        return (f"run {spec.run.name}: its last driver (pid {d.get('pid')} on {d.get('host')}) is gone without "
+                "ending it; this one takes the run over")
+
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.get("started", 0)))
     elsewhere = "" if rundir.driver_alive(d) else (
         f"; if that driver is gone, the run counts as stopped {rundir.RUNNING_WINDOW_S / 60:.0f} minutes after "

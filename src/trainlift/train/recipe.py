@@ -319,7 +319,7 @@ def export_run(w: Worker, model, model_config, tokenizer) -> None:
         lora.save_adapter(w.fs, f"{w.run_path}/adapter", model, tokenizer, base_model=spec.model.path)
     if spec.model.lora is None or spec.export.merge:
         merged = lora.merged_weights(model) if spec.model.lora else None  # W + alpha/r * B @ A, per tensor
-        source = fetch.cached_dir(spec.model.path) if spec.model.path else None  # for its generation config
+        source = fetch.cached_dir(spec.model.path, spec.model.revision) if spec.model.path else None  # for its generation config
         export.export_hf(w.fs, f"{w.run_path}/final", model, model_config, tokenizer,
                          torch.bfloat16 if w.bf16 else torch.float32, source_dir=str(source) if source else None,
                          weights=merged)

@@ -65,7 +65,7 @@ def sharded_config(model_spec) -> PretrainedConfig:
     """The model's config, from `path` (a local directory, hub id or s3:// prefix: fetched once per node) or built
     from `config`."""
     if model_spec.path is not None:
-        return weights.config_of(str(fetch.model_dir(model_spec.path)))
+        return weights.config_of(str(fetch.model_dir(model_spec.path, revision=model_spec.revision)))
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
 
 
@@ -115,7 +115,7 @@ def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.de
     weights.materialize_shards(model, device)
     checkpoint_key = checkpoint_key or weights.same_key
     if model_spec.path is not None:
-        weights.load_safetensors(model, fetch.model_dir(model_spec.path), checkpoint_key)
+        weights.load_safetensors(model, fetch.model_dir(model_spec.path, revision=model_spec.revision), checkpoint_key)
     else:
         weights.init_random(model, seed, checkpoint_key)
     return model
@@ -124,7 +124,9 @@ def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.de
 def load_tokenizer(model_spec):
     """From `tokenizer`, else `path`: a local directory, or this node's cache of a hub id or s3:// prefix (the
     tokenizer files alone where the weights are not there)."""
-    return AutoTokenizer.from_pretrained(str(fetch.model_dir(model_spec.tokenizer or model_spec.path, weights=False)))
+    revision = None if model_spec.tokenizer else model_spec.revision  # a tokenizer of its own is not pinned
+    return AutoTokenizer.from_pretrained(str(fetch.model_dir(model_spec.tokenizer or model_spec.path, weights=False,
+                                                              revision=revision)))
 
 
 def max_positions(config: PretrainedConfig) -> int | None:

@@ -65,8 +65,10 @@ def cache_root() -> Path:
     return private_dir(user_temp_dir() / "models", elsewhere=f"{TMPDIR_FIX}, or set {CACHE_ENV}")
 
 
-def cache_name(path: str) -> str:
-    """Readable and unique: the path's characters that are safe in a file name, and a hash of the whole path."""
+def cache_name(path: str, revision: str | None = None) -> str:
+    """Readable and unique: the path's characters that are safe in a file name, and a hash of the whole path and
+    the revision (each commit of a hub model is a cache of its own)."""
+    path = f"{path}@{revision}" if revision else path
     readable = re.sub(r"[^A-Za-z0-9._-]+", "--", path.split("://", 1)[-1].strip("/")).strip("-.")[:80]
     return f"{readable}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
 
@@ -75,29 +77,29 @@ def is_complete(directory: Path) -> bool:
     return (directory / MARKER).is_file()
 
 
-def model_dir(path: str, weights: bool = True) -> Path:
+def model_dir(path: str, weights: bool = True, revision: str | None = None) -> Path:
     """A local directory holding the model's files: `path` itself when it is one, else this node's cache of it,
-    fetched first when it is not there yet. `weights=False`: the config and tokenizer files are enough (a
-    complete cache with the weights serves too)."""
+    fetched first when it is not there yet (a hub model at `revision`, a commit, when given). `weights=False`: the
+    config and tokenizer files are enough (a complete cache with the weights serves too)."""
     if is_local(path):
         return Path(path).expanduser()
-    full = cache_root() / cache_name(path)
+    full = cache_root() / cache_name(path, revision)
     if is_complete(full) or weights:
-        return fetch_once(path, full, weights=True)
-    return fetch_once(path, full.with_name(full.name + ".config"), weights=False)
+        return fetch_once(path, full, weights=True, revision=revision)
+    return fetch_once(path, full.with_name(full.name + ".config"), weights=False, revision=revision)
 
 
-def cached_dir(path: str) -> Path | None:
+def cached_dir(path: str, revision: str | None = None) -> Path | None:
     """The model's files already on this node (the local directory, or a complete cache of it), without fetching
     anything; None when there are none (a local model.path deleted since, a cache never filled here)."""
     if is_local(path):
         return Path(path).expanduser()
-    full = cache_root() / cache_name(path)
+    full = cache_root() / cache_name(path, revision)
     found = [d for d in (full, full.with_name(full.name + ".config")) if is_complete(d)]
     return found[0] if found else None
 
 
-def fetch_once(path: str, target: Path, weights: bool) -> Path:
+def fetch_once(path: str, target: Path, weights: bool, revision: str | None = None) -> Path:
     """`target`, downloaded by this process unless another one on the node did it (or is doing it: wait)."""
     from filelock import FileLock
 
@@ -111,8 +113,8 @@ def fetch_once(path: str, target: Path, weights: bool) -> Path:
         for leftover in (partial, target):  # a cut-off download, or a directory without the marker
             shutil.rmtree(leftover, ignore_errors=True)
         partial.mkdir()
-        files = download_s3(path, partial, weights) if is_s3(path) else download_hub(path, partial, weights)
-        (partial / MARKER).write_text(json.dumps({"source": path, "files": files}))
+        files = download_s3(path, partial, weights) if is_s3(path) else download_hub(path, partial, weights, revision)
+        (partial / MARKER).write_text(json.dumps({"source": path, "revision": revision, "files": files}))
         os.replace(partial, target)
     return target
 
@@ -125,13 +127,14 @@ def weight_files(directory: Path) -> list[str]:
     return sorted(set(json.loads(index.read_text())["weight_map"].values()))
 
 
-def download_hub(repo: str, out: Path, weights: bool) -> list[str]:
-    """The metadata files of hub repo `repo` (and its index), then the weight files the index names."""
+def download_hub(repo: str, out: Path, weights: bool, revision: str | None = None) -> list[str]:
+    """The metadata files of hub repo `repo` at `revision` (None: its main branch now) and its index, then the
+    weight files the index names, from the same commit."""
     from huggingface_hub import snapshot_download
 
-    snapshot_download(repo, local_dir=out, allow_patterns=[*METADATA_FILES, INDEX])
+    snapshot_download(repo, revision=revision, local_dir=out, allow_patterns=[*METADATA_FILES, INDEX])
     if weights:
-        snapshot_download(repo, local_dir=out, allow_patterns=weight_files(out))
+        snapshot_download(repo, revision=revision, local_dir=out, allow_patterns=weight_files(out))
     shutil.rmtree(out / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping of the local dir
     return sorted(p.name for p in out.iterdir())
 

@@ -84,8 +84,8 @@ def model_config(spec: JobSpec):
         return build_config(spec.model.config)
     if (fields := checkpointed_config_fields(spec)) is not None:
         return CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
-    if fetch.is_s3(spec.model.path):  # the config and tokenizer files alone, into this machine's model cache
-        return AutoConfig.from_pretrained(fetch.model_dir(spec.model.path, weights=False))
+    if fetch.is_s3(spec.model.path) or spec.model.revision:  # the config and tokenizer files, into the model cache
+        return AutoConfig.from_pretrained(fetch.model_dir(spec.model.path, weights=False, revision=spec.model.revision))
     try:
         return AutoConfig.from_pretrained(spec.model.path)
     except (OSError, ValueError) as exc:
