@@ -3,13 +3,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean chromium
+PIP_VERSION := 26.3
+TORCH_VERSION := 2.13.0
+EXTRAS := --extra test --extra track --extra report --extra lora
+# torch and the CUDA runtime its PyPI build pulls: `pip install torch==$(TORCH_VERSION)` installs them (a CPU build
+# where one lies in pip's find-links), so the lock leaves them out.
+TORCH_PACKAGES := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
+	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver \
+	nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx
 
-$(STAMP): pyproject.toml Makefile
+.PHONY: install demo test clean chromium lock
+
+# Every package but torch comes from requirements.lock, each file checked against its sha256 (--require-hashes).
+$(STAMP): pyproject.toml requirements.lock Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is needed (requirements.lock is resolved for 3.11+): make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,track,report,lora]'
+	$(BIN)/pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,3 +43,10 @@ test: $(STAMP) chromium
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Re-resolve requirements.lock for Python 3.11+ on every platform, keeping the locked releases that pyproject.toml
+# still allows (UPGRADE=--upgrade moves everything to the newest it allows); then run `make test`.
+lock: $(STAMP)
+	echo "torch==$(TORCH_VERSION)" > $(VENV)/torch-pin.txt
+	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --constraint $(VENV)/torch-pin.txt --universal --generate-hashes \
+	  --no-header --no-annotate $(UPGRADE) $(addprefix --no-emit-package ,$(TORCH_PACKAGES)) -o requirements.lock

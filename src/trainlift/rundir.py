@@ -124,6 +124,15 @@ def _mtime(info: pafs.FileInfo | None) -> float | None:
     return info.mtime.timestamp() if info is not None and info.mtime is not None else None
 
 
+def latest_checkpoint_step(uri: str) -> int | None:
+    """The step of the run's newest complete checkpoint (None: none, or no run here)."""
+    fs, path = open_uri(uri)
+    path = path.rstrip("/")
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return None
+    return _latest_complete_checkpoint(fs, path, {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(path))})
+
+
 def _latest_complete_checkpoint(fs: pafs.FileSystem, path: str, infos: dict[str, pafs.FileInfo]) -> int | None:
     steps = sorted((int(m.group(1)) for name, info in infos.items()
                     if info.type == pafs.FileType.Directory and (m := _CHECKPOINT.match(name))), reverse=True)

@@ -72,8 +72,9 @@ def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_r
     assert again.returncode == 0, again.stderr
     assert "already finished at step 4" in again.stderr and "--steps" in again.stderr
     changed = run([str(BIN / "trainlift"), "train", "job.yaml", "--set", "train.lr=0.01", "--steps", "6"], project)
-    assert changed.returncode == 2 and changed.stderr.strip().splitlines()[0] == (
-        "error: run firstday was started with another spec: train.lr 0.0003 → 0.01"), changed.stderr
+    assert changed.returncode == 2 and changed.stderr.strip().splitlines()[0].startswith(
+        "error: run firstday was started with another spec: train.lr 0.0003 → 0.01 (train it with the spec it "
+        "started with, give this one another run.name, or pass --allow-spec-change"), changed.stderr
     # Byte for byte: summary.json, and driver.log, which every start of Ray adds a header to.
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
     json.loads(before["summary.json"], parse_constant=lambda c: pytest.fail(f"summary.json holds {c}"))

@@ -102,8 +102,35 @@ def test_what_is_recorded_leaves_out_what_may_change():
     job = load_job_spec(ROOT / "examples" / "tiny-local.yaml", [])
     fields = spec_record.training_fields(job, "abc")
     assert fields["data.train"] == "sha256:abc"
-    assert {"train.lr", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.seq_len",
-            "model.path", "train.warmup_steps"} <= set(fields)
+    assert {"train.lr", "train.min_lr_ratio", "train.weight_decay", "train.seed", "data.seq_len",
+            "model.config.hidden_size", "train.warmup_steps"} <= set(fields)
+    assert "model.path" not in fields  # built from model.config: the path is only where it is saved
     assert not [f for f in fields if f.split(".")[0] in ("run", "scaling", "parallel", "checkpoint", "export",
                                                           "runtime")]
-    assert not {"train.steps", "train.eval_every", "data.eval", "data.eval_examples"} & set(fields)
+    assert not {"train.steps", "train.eval_every", "data.eval", "data.eval_examples", "train.micro_batch_size",
+                "train.grad_accum"} & set(fields)
+
+
+def test_a_start_that_never_trained_is_rerun_with_the_spec_it_is_given(tmp_path, no_ray):
+    """A first start that failed before its first checkpoint (bad rows, then fixed) has nothing to mix: the rerun
+    goes on and its spec becomes the run's."""
+    job = launch.preflight.check(spec(tmp_path))
+    spec_record.write(job, {**spec_record.training_fields(job, "rows-before-the-fix"), "train.lr": 0.5})
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path))
+    assert spec_record.read(job)["train.lr"] == job.train.lr
+
+
+def test_a_local_model_is_known_by_what_it_holds_not_where_it_lies(tmp_path):
+    """A submitted job's working directory is unpacked at another path on every submission."""
+    first, second = tmp_path / "session-1" / "model", tmp_path / "session-2" / "model"
+    for model in (first, second):
+        model.mkdir(parents=True)
+        (model / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 64}')
+        (model / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert spec_record.local_identity(str(first)) == spec_record.local_identity(str(second))
+    (second / "config.json").write_text('{"model_type": "qwen2", "hidden_size": 128}')
+    changes = spec_record.changed_fields({"model.path": spec_record.local_identity(str(first))},
+                                         {"model.path": spec_record.local_identity(str(second))})
+    assert changes == ["model.path (what it holds changed)"]
+    assert spec_record.local_identity("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"

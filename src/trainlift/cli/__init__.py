@@ -9,6 +9,7 @@ from trainlift.cli import estimate  # noqa: F401
 from trainlift.cli import price  # noqa: F401
 from trainlift.cli import cluster  # noqa: F401  (registers commands)
 from trainlift.cli import jobs  # noqa: F401
+from trainlift.cli import local  # noqa: F401
 from trainlift.cli import report  # noqa: F401  (registers report, runs)
 from trainlift.cli import package  # noqa: F401
 from trainlift.cli import rehearse  # noqa: F401

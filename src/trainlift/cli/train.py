@@ -45,9 +45,9 @@ def train(
                                  "Face libraries print (always in the run's driver.log; on by itself inside a Ray "
                                  "job, whose log is the record)."),
     allow_spec_change: bool = typer.Option(
-        False, "--allow-spec-change", help="Resume a run whose model, data, batch, optimizer, schedule or LoRA "
-        "changed since it started (refused otherwise; steps, eval and checkpoint cadence, trackers and workers "
-        "may always change)."),
+        False, "--allow-spec-change", help="Resume a run whose model, data, sequence length, optimizer, schedule "
+        "or LoRA changed since it started (refused otherwise; steps, eval and checkpoint cadence, trackers, "
+        "workers and the micro-batch may always change)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ) -> None:
     """Fine-tune a causal LM with FSDP2 on Ray Train.
@@ -133,11 +133,11 @@ def _ray_address(address: str | None) -> str | None:
     user's driver."""
     from trainlift.ops import localray
 
-    if address is not None or os.environ.get("RAY_ADDRESS"):
-        if localray.is_loopback(address or os.environ["RAY_ADDRESS"]):
-            localray.use_head_auth()  # a `local up` head given by address: reached as the head runs
-        return address
     local_head = localray.read_state()
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        if local_head and (address or os.environ["RAY_ADDRESS"]) == local_head["gcs_address"]:
+            localray.use_head_auth()  # the `local up` head given by its address: reached as the head runs
+        return address
     if not local_head:
         return None
     owner, me = _process_user(local_head["pid"]), _process_user(os.getpid())

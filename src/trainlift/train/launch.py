@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
+from trainlift import rundir
 from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
@@ -120,6 +121,14 @@ def finished_summary(spec: JobSpec) -> dict[str, Any] | None:
         return None
     done = isinstance(summary, dict) and summary.get("finished") and (summary.get("steps") or 0) >= spec.train.steps
     return summary if done else None
+
+
+def has_trained(spec: JobSpec) -> bool:
+    """Whether the run holds anything a rerun would go on from: a summary (it finished or stopped) or a complete
+    checkpoint."""
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    return (fs.get_file_info(f"{path}/summary.json").type == pafs.FileType.File
+            or rundir.latest_checkpoint_step(spec.run_uri) is not None)
 
 
 @dataclass(frozen=True)
@@ -232,7 +241,7 @@ def run_training(
     another training spec is refused unless `allow_spec_change`."""
     spec = preflight.check(spec)
     fields = spec_record.training_fields(spec, datasource.fingerprint(datasource.resolve(spec.data.train)))
-    changes = spec_record.check(spec, fields, allow_spec_change)
+    changes = spec_record.check(spec, fields, allow_spec_change, trained=has_trained(spec))
     finished = finished_summary(spec)
     if finished is not None:
         return {**finished, "already_finished": True}
@@ -252,29 +261,25 @@ def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
     driver holds the run. Yields the note that this driver took over from a dead one, if it did."""
     import socket
 
-    from trainlift.rundir import DRIVER_RECORD
-
     taken_over = refuse_second_driver(spec)
     if training_fields is not None:
         spec_record.write(spec, training_fields)
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
     record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    with fs.open_output_stream(f"{path}/{DRIVER_RECORD}") as out:
+    with fs.open_output_stream(f"{path}/{rundir.DRIVER_RECORD}") as out:
         out.write(json.dumps(record).encode())
     try:
         yield taken_over
     finally:
         with contextlib.suppress(OSError):
-            fs.delete_file(f"{path}/{DRIVER_RECORD}")
+            fs.delete_file(f"{path}/{rundir.DRIVER_RECORD}")
 
 
 def refuse_second_driver(spec: JobSpec) -> str | None:
     """One writer per run: a run another driver is training (its process alive on this host; on another host, its
     metrics written within the last minutes) is refused in one line before anything is written. Returns a note
     when the run's recorded driver is gone and this one takes the run over."""
-    from trainlift import rundir
-
     try:
         run = rundir.read_run(spec.run_uri)
     except UsageError:  # no run here yet, or one without metrics: only a live driver on this host holds it

@@ -1,14 +1,17 @@
 """<run>/spec.json: what a run learns from and how, recorded at its first start, so that a rerun or resume with
-another model, data, batch, optimizer, schedule or adapter is refused instead of silently mixing two runs.
+another model, data, sequence length, optimizer, schedule or adapter is refused instead of silently mixing two runs.
 
 How long a run trains, how often it evaluates and checkpoints, where it reports and how it is laid out on workers
-may change between starts (its checkpoints reshard to other worker counts and meshes): those fields are not
-recorded. The training data is recorded by its content, so the same rows at another path resume.
+(workers, mesh, micro-batch, accumulation) may change between starts: its checkpoints reshard to other worker
+counts and meshes. Those fields are not recorded. The training data is recorded by its content, so the same rows
+at another path resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -17,10 +20,14 @@ from trainlift.config.job import JobSpec
 from trainlift.errors import UsageError
 
 RECORD = "spec.json"
-RESUMABLE = ("train.steps", "train.eval_every", "train.accum_sync", "data.eval", "data.eval_examples",
+# The batch's layout (micro-batch, accumulation, workers) may change with the hardware: a checkpoint reshards to
+# another worker count, and the data position is kept in rows, so 4 workers x 2 rows resume as 2 x 4.
+RESUMABLE = ("train.steps", "train.eval_every", "train.accum_sync", "train.micro_batch_size", "train.grad_accum",
+             "data.eval", "data.eval_examples",
              "model.attn_implementation", "model.activation_checkpointing",
              "scaling.", "parallel.", "checkpoint.", "export.", "run.", "runtime.")
 ALLOW_FLAG = "--allow-spec-change"
+SMALL_FILE_BYTES = 16 << 20  # config, tokenizer and index files are hashed whole; weights by name and size
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -38,10 +45,32 @@ def _resumable(field: str) -> bool:
 
 
 def training_fields(spec: JobSpec, train_data_fingerprint: str) -> dict[str, Any]:
-    """The spec's fields that decide what the run learns, dotted, with data.train as its content's hash."""
+    """The spec's fields that decide what the run learns, dotted, with data.train as its content's hash and local
+    model, tokenizer and config paths as what they hold: a job's working directory lands at another path on every
+    submission."""
     fields = {k: v for k, v in _flatten(spec.model_dump(mode="json")).items() if not _resumable(k)}
     fields["data.train"] = f"sha256:{train_data_fingerprint}"
+    if spec.model.config is not None:  # the model is built from model.config (recorded); model.path is where it is saved
+        fields.pop("model.path", None)
+    for field in ("model.path", "model.tokenizer", "model.config"):
+        if isinstance(fields.get(field), str):
+            fields[field] = local_identity(fields[field])
     return fields
+
+
+def local_identity(path: str) -> str:
+    """A local file or model directory as a hash of what it holds (a directory: every file's name and size, and
+    the content of its small files: config, tokenizer, index; not the weights' bytes); anything else as given."""
+    local = Path(path).expanduser()
+    if "://" in path or not local.exists():
+        return path
+    digest = hashlib.sha256()
+    for file in sorted(f for f in (local.iterdir() if local.is_dir() else [local]) if f.is_file()):
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        if size <= SMALL_FILE_BYTES:
+            digest.update(file.read_bytes())
+    return f"{'directory' if local.is_dir() else 'file'} sha256:{digest.hexdigest()}"
 
 
 def changed_fields(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -51,7 +80,12 @@ def changed_fields(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
         old, new = recorded.get(field), current.get(field)
         if old == new:
             continue
-        out.append(f"{field} (its rows changed)" if field == "data.train" else f"{field} {_show(old)} → {_show(new)}")
+        if field == "data.train":
+            out.append(f"{field} (its rows changed)")
+        elif all(isinstance(v, str) and " sha256:" in v for v in (old, new)):
+            out.append(f"{field} (what it holds changed)")
+        else:
+            out.append(f"{field} {_show(old)} → {_show(new)}")
     return out
 
 
@@ -80,10 +114,12 @@ def write(spec: JobSpec, fields: dict[str, Any]) -> None:
         out.write(json.dumps({"fields": fields}, indent=2, sort_keys=True).encode())
 
 
-def check(spec: JobSpec, current: dict[str, Any], allow_change: bool) -> list[str]:
-    """The changes from the recorded spec; refused in one line unless `allow_change`. A run with no record (a new
-    one, or one started before runs recorded their spec) has none."""
-    recorded = read(spec)
+def check(spec: JobSpec, current: dict[str, Any], allow_change: bool, trained: bool) -> list[str]:
+    """The changes from the recorded spec; refused in one line unless `allow_change`. Only a run that `trained`
+    (it finished, or has a complete checkpoint) has something to mix: before that, a rerun starts over with the
+    spec it is given (a start that failed on bad rows, rerun with the rows fixed). A run with no record (a new
+    one, or one started before runs recorded their spec) has no changes."""
+    recorded = read(spec) if trained else None
     changes = [] if recorded is None else changed_fields(recorded, current)
     if changes and not allow_change:
         raise UsageError(f"run {spec.run.name} was started with another spec: {'; '.join(changes)}",
