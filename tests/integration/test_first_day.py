@@ -134,3 +134,19 @@ def test_ctrl_c_in_a_terminal_checkpoints_at_the_next_step_and_exits_3(tiny_asse
     assert checkpoints[-1].name == f"checkpoint_{stopped_at:08d}" and (checkpoints[-1] / "COMPLETE").is_file()
     summary = json.loads((tmp_path / "runs" / "ctrlc" / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGINT" and not summary["finished"]
+
+
+def test_two_trainings_started_together_on_one_run_one_is_refused(tiny_assets, tmp_path):
+    """Two `trainlift train` of one run at the same moment: one trains, the other is refused in one line before it
+    writes anything; the run's metrics hold each step once and one start."""
+    spec = write_spec(tiny_assets, tmp_path, "twice", steps=4)
+    env = {**os.environ, "RAY_ADDRESS": "", "TRAINLIFT_HOME": str(tmp_path / "home")}
+    procs = [subprocess.Popen([str(BIN / "trainlift"), "train", str(spec), "--json"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    done = sorted((p.wait(timeout=300), p.stderr.read()) for p in procs)
+    (trained, _), (refused, said) = done
+    assert (trained, refused) == (0, 2), done
+    assert said.strip().splitlines()[-1].startswith("error: run twice is being trained by pid "), said
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "twice" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == [1, 2, 3, 4] and sum(r.get("event") == "start" for r in rows) == 1

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
-from trainlift import rundir
+from trainlift import rundir, run_lease
 from trainlift.config.job import JobSpec
 from trainlift.doctor.nccl_log import nccl_log_env
 from trainlift.errors import TrainliftError, UsageError
@@ -256,47 +256,46 @@ def run_training(
 
 @contextlib.contextmanager
 def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
-    """<run>/driver.json names this process while it drives the run, so `trainlift runs` can tell a run whose
-    driver died (killed, machine lost) from one that is going; the run's spec record is written once no other
-    driver holds the run. Yields the note that this driver took over from a dead one, if it did."""
+    """<run>/driver.json names this process while it drives the run: claimed atomically (run_lease), so a second
+    driver is refused in one line before anything is written, and `trainlift runs` can tell a run whose driver
+    died (killed, machine lost) from one that is going. The run's spec record is written once the run is held.
+    Yields the note that this driver took over from a dead one, if it did."""
     import socket
 
-    taken_over = refuse_second_driver(spec)
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    try:
+        replaced = run_lease.claim(spec.run_uri, record, lambda holder: holds_run(spec, holder))
+    except run_lease.RunHeld as held:
+        raise held_error(spec, held.holder) from None
     if training_fields is not None:
         spec_record.write(spec, training_fields)
-    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
-    fs.create_dir(path, recursive=True)
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    with fs.open_output_stream(f"{path}/{rundir.DRIVER_RECORD}") as out:
-        out.write(json.dumps(record).encode())
     try:
-        yield taken_over
+        yield None if replaced is None else (
+            f"run {spec.run.name}: its last driver (pid {replaced.get('pid')} on {replaced.get('host')}) is gone "
+            "without ending it; this one takes the run over")
     finally:
         with contextlib.suppress(OSError):
-            fs.delete_file(f"{path}/{rundir.DRIVER_RECORD}")
+            run_lease.release(spec.run_uri)
 
 
-def refuse_second_driver(spec: JobSpec) -> str | None:
-    """One writer per run: a run another driver is training (its process alive on this host; on another host, its
-    metrics written within the last minutes) is refused in one line before anything is written. Returns a note
-    when the run's recorded driver is gone and this one takes the run over."""
+def holds_run(spec: JobSpec, driver: dict[str, Any]) -> bool:
+    """Whether `driver` still drives the run: its process alive on this host; on another host, the run's metrics
+    written within the last minutes."""
     try:
         run = rundir.read_run(spec.run_uri)
-    except UsageError:  # no run here yet, or one without metrics: only a live driver on this host holds it
-        run = rundir.Run(spec.run.name, spec.run_uri, [], None, None, None, None, rundir.read_driver(spec.run_uri))
-    d = run.driver
-    if d is None:
-        return None
-    if rundir.state(run, time.time()) != "running":
-        return (f"run {spec.run.name}: its last driver (pid {d.get('pid')} on {d.get('host')}) is gone without "
-                "ending it; this one takes the run over")
+    except UsageError:  # no metrics yet: only a live driver on this host holds it
+        run = rundir.Run(spec.run.name, spec.run_uri, [], None, None, None, None)
+    run.driver = driver
+    return rundir.state(run, time.time()) == "running"
 
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.get("started", 0)))
-    elsewhere = "" if rundir.driver_alive(d) else (
+
+def held_error(spec: JobSpec, driver: dict[str, Any]) -> UsageError:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(driver.get("started", 0)))
+    elsewhere = "" if rundir.driver_alive(driver) else (
         f"; if that driver is gone, the run counts as stopped {rundir.RUNNING_WINDOW_S / 60:.0f} minutes after "
         "its last metrics")
-    raise UsageError(f"run {spec.run.name} is being trained by pid {d.get('pid')} on {d.get('host')} since {since}"
-                     + elsewhere, hint="wait for it to end or stop it, or give this one another run.name")
+    return UsageError(f"run {spec.run.name} is being trained by pid {driver.get('pid')} on {driver.get('host')} "
+                      f"since {since}" + elsewhere, hint="wait for it to end or stop it, or give this one another run.name")
 
 
 def _run_with_ray(spec: JobSpec, address: str | None, stop_at_step: int | None,
