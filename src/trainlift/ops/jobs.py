@@ -279,15 +279,9 @@ def forwarded_head(kubeconfig: Path, namespace: str, cluster: str, secret: str) 
     process's RAY_AUTH_TOKEN set to the cluster's token (from its Secret), which the Jobs API client sends."""
     from trainlift.ops.forward import head_dashboard
 
+    from trainlift.ops.run import environ_set
+
     with head_dashboard(kubeconfig, namespace, cluster) as url:
         token = cluster_token(str(kubeconfig), namespace, secret)
-        before = os.environ.get("RAY_AUTH_TOKEN")
-        if token:
-            os.environ["RAY_AUTH_TOKEN"] = token
-        try:
+        with environ_set({"RAY_AUTH_TOKEN": token} if token else {}):
             yield url
-        finally:
-            if before is None:
-                os.environ.pop("RAY_AUTH_TOKEN", None)
-            else:
-                os.environ["RAY_AUTH_TOKEN"] = before

@@ -12,6 +12,7 @@ retried. `redact` is how every command line is shown or logged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from trainlift.errors import TrainliftError
 from trainlift.redact import uri_credentials
@@ -212,6 +213,21 @@ class Background:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def environ_set(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with `values` set while the block runs, as it was afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def spawn_detached(cmd: Sequence[str], log_path: str, env: dict[str, str] | None = None,

@@ -18,12 +18,12 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import pathspec
 
 from trainlift.errors import UsageError
-from trainlift.ops.run import run
+from trainlift.ops.run import environ_set, run
 
 ALWAYS_EXCLUDED = [
     ".git/", ".hg/", ".venv/", "venv/", "env/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/",
@@ -146,21 +146,9 @@ def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: 
     return plan
 
 
-@contextlib.contextmanager
-def uploading(plan: WorkdirPlan) -> Iterator[None]:
+def uploading(plan: WorkdirPlan) -> contextlib.AbstractContextManager:
     """While Ray's job client uploads the plan: with `include_ignored`, it must not apply .gitignore files itself."""
-    if not plan.include_ignored:
-        yield
-        return
-    saved = os.environ.get(RAY_IGNORE_GITIGNORE)
-    os.environ[RAY_IGNORE_GITIGNORE] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(RAY_IGNORE_GITIGNORE, None)
-        else:
-            os.environ[RAY_IGNORE_GITIGNORE] = saved
+    return environ_set({RAY_IGNORE_GITIGNORE: "1"}) if plan.include_ignored else contextlib.nullcontext()
 
 
 def check_size(plan: WorkdirPlan, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
