@@ -99,7 +99,7 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     progress_lines = [line for line in logs.splitlines() if line.startswith("trainlift-progress ")]
     assert max(map(len, progress_lines)) > 100 and all(jobs_rows(line) for line in progress_lines)
     assert logs == client_logs(head, job_id)
-    assert "not uploading credential-like file .env" in result.stderr
+    assert "not uploading credential file .env" in result.stderr
     job_info = json.dumps(json.loads(cli(home, "jobs", "status", job_id, "--json").stdout))
     metrics = (project / "runs" / "sub" / "metrics.jsonl").read_text()
     assert PLANTED_TOKEN not in logs + job_info + result.stdout + result.stderr + metrics
