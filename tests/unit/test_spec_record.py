@@ -134,3 +134,18 @@ def test_a_local_model_is_known_by_what_it_holds_not_where_it_lies(tmp_path):
                                          {"model.path": spec_record.local_identity(str(second))})
     assert changes == ["model.path (what it holds changed)"]
     assert spec_record.local_identity("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"
+
+
+def test_a_local_model_deleted_after_its_checkpoint_is_not_compared_and_stays_recorded(tmp_path, no_ray):
+    """A full fine-tune resumes from its checkpoint alone, so model.path may be gone by the rerun."""
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    job = launch.preflight.check(spec(tmp_path))
+    fields = {**spec_record.training_fields(job, "rows"), "model.path": spec_record.local_identity(str(model))}
+    spec_record.write(job, fields)
+    shutil.rmtree(model)
+    now = {**fields, "model.path": spec_record.local_identity(str(model))}
+    assert now["model.path"] == spec_record.GONE and spec_record.changed_fields(fields, now) == []
+    spec_record.write(job, now)
+    assert spec_record.read(job)["model.path"] == fields["model.path"]

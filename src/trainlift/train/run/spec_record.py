@@ -27,6 +27,7 @@ RESUMABLE = ("train.steps", "train.eval_every", "train.accum_sync", "train.micro
              "model.attn_implementation", "model.activation_checkpointing",
              "scaling.", "parallel.", "checkpoint.", "export.", "run.", "runtime.")
 ALLOW_FLAG = "--allow-spec-change"
+GONE = "gone from this machine"  # a local model path that no longer exists: not compared
 SMALL_FILE_BYTES = 16 << 20  # config, tokenizer and index files are hashed whole; weights by name and size
 
 
@@ -62,8 +63,10 @@ def local_identity(path: str) -> str:
     """A local file or model directory as a hash of what it holds (a directory: every file's name and size, and
     the content of its small files: config, tokenizer, index; not the weights' bytes); anything else as given."""
     local = Path(path).expanduser()
-    if "://" in path or not local.exists():
+    if "://" in path or not local.is_absolute():
         return path
+    if not local.exists():  # gone since (a full fine-tune resumes from its checkpoint alone): not comparable
+        return GONE
     digest = hashlib.sha256()
     for file in sorted(f for f in (local.iterdir() if local.is_dir() else [local]) if f.is_file()):
         size = file.stat().st_size
@@ -78,7 +81,7 @@ def changed_fields(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
     out = []
     for field in sorted(set(recorded) | set(current)):
         old, new = recorded.get(field), current.get(field)
-        if old == new:
+        if old == new or new == GONE:
             continue
         if field == "data.train":
             out.append(f"{field} (its rows changed)")
@@ -108,6 +111,9 @@ def read(spec: JobSpec) -> dict[str, Any] | None:
 
 
 def write(spec: JobSpec, fields: dict[str, Any]) -> None:
+    """The record, keeping what it held for a local path that is gone now."""
+    if GONE in fields.values():
+        fields = {**fields, **{k: v for k, v in (read(spec) or {}).items() if fields.get(k) == GONE}}
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
     with fs.open_output_stream(f"{path}/{RECORD}") as out:
