@@ -8,6 +8,7 @@ record is replaced only if it is unchanged since it was read (If-Match on its ET
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -38,12 +39,17 @@ def claim(uri: str, record: dict[str, Any], held: Callable[[dict[str, Any]], boo
 
 
 def release(uri: str) -> None:
-    """Remove the run's driver record (the run is no longer driven)."""
-    if uri.startswith("s3://"):
-        bucket, key = _bucket_key(uri)
-        _s3().delete_object(Bucket=bucket, Key=key)
+    """Remove the run's driver record (the run is no longer driven). Best effort: a record left behind (storage
+    unreachable as the run ends) names a dead driver, which the next claim takes over."""
+    if not uri.startswith("s3://"):
+        with contextlib.suppress(OSError):
+            (Path(uri) / DRIVER_RECORD).unlink(missing_ok=True)
         return
-    (Path(uri) / DRIVER_RECORD).unlink(missing_ok=True)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_key(uri)
+    with contextlib.suppress(BotoCoreError, ClientError):
+        _s3().delete_object(Bucket=bucket, Key=key)
 
 
 def _claim_local(run_dir: Path, record: dict[str, Any], held) -> dict[str, Any] | None:

@@ -274,8 +274,7 @@ def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
             f"run {spec.run.name}: its last driver (pid {replaced.get('pid')} on {replaced.get('host')}) is gone "
             "without ending it; this one takes the run over")
     finally:
-        with contextlib.suppress(OSError):
-            run_lease.release(spec.run_uri)
+        run_lease.release(spec.run_uri)
 
 
 def holds_run(spec: JobSpec, driver: dict[str, Any]) -> bool:
