@@ -12,7 +12,6 @@ which cannot take a point back, is sent a step only once a checkpoint covers it 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
@@ -29,6 +28,7 @@ import yaml
 
 from trainlift.config.job import JobSpec
 from trainlift.errors import SpecError, UsageError
+from trainlift.ops.run import environ_set
 from trainlift.redact import refuse_uri_credentials, uri_credentials
 from trainlift.train.run import metrics
 
@@ -96,27 +96,14 @@ def check(spec: JobSpec) -> None:
     from mlflow.tracking import MlflowClient
 
     try:
-        with _env(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10"):  # one try, not minutes
+        one_try = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # not minutes of retries
+        with environ_set(one_try):
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - MLflow raises many types; its first line says what is wrong
         raise UsageError(f"run.mlflow_uri: MLflow at {redact(uri)} does not answer: "
                          f"{redact(_first_line(exc))[:300]}",
                          hint="check the URI and MLFLOW_TRACKING_TOKEN (or _USERNAME/_PASSWORD); a file store "
                               "also needs MLFLOW_ALLOW_FILE_STORE=true") from None
-
-
-@contextlib.contextmanager
-def _env(**values: str):
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _first_line(exc: BaseException) -> str:
