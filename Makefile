@@ -45,8 +45,10 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 # Re-resolve requirements.lock for Python 3.11+ on every platform, keeping the locked releases that pyproject.toml
-# still allows (UPGRADE=--upgrade moves everything to the newest it allows); then run `make test`.
-lock: $(STAMP)
+# still allows (UPGRADE=--upgrade moves everything to the newest it allows); then run `make test`. It needs only uv,
+# so a dependency added to pyproject.toml can be locked before the venv can install it.
+lock:
+	@test -x $(BIN)/uv || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet uv; }
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/torch-pin.txt
 	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --constraint $(VENV)/torch-pin.txt --universal --generate-hashes \
 	  --no-header --no-annotate $(UPGRADE) $(addprefix --no-emit-package ,$(TORCH_PACKAGES)) -o requirements.lock
