@@ -16,6 +16,7 @@ import os
 import runpy
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import boto3
@@ -28,7 +29,12 @@ from trainlift.errors import TrainliftError
 from trainlift.ops.run import CommandFailed
 
 h = runpy.run_path(str(Path(__file__).with_name("conftest_aws.py")))["load"]()  # the session's moto server
-REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "cluster-reference.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_HELM_PULL = runpy.run_path(str(ROOT / "tests" / "fake_helm.py"))
+# The reference cluster, its catalog-pinned charts pinned instead to what the stand-in `helm pull` writes.
+REFERENCE = Path(tempfile.mkdtemp(prefix="trainlift-test-spec-")) / "cluster-reference.yaml"
+REFERENCE.write_text(yaml.safe_dump(FAKE_HELM_PULL["with_fake_chart_digests"](
+    yaml.safe_load((ROOT / "examples" / "cluster-reference.yaml").read_text()))))
 
 FAKE_EKSCTL = '''#!{python}
 """eksctl stand-in: the EKS calls eksctl would make, against the test server."""
@@ -126,14 +132,16 @@ def _cli(args: list[str], env: dict[str, str], tools: Path, extra: dict[str, str
 
 
 # kubectl and helm without a reachable API server: every read fails; kubectl's writes are accepted.
-# Versions and chart lookups need no API server: they answer as the real tools do when every pin exists.
+# Versions and chart pulls need no API server: they answer as the real tools do when every pin exists (the pulled
+# archive is a stand-in of known digest, tests/fake_helm.py).
 FAKE_KUBECTL = """#!/bin/sh
 case " $* " in *" version "*) echo '{"clientVersion": {"gitVersion": "v1.36.0"}}'; exit 0;; esac
 case " $* " in *" get "*) echo 'error: You must be logged in to the server (Unauthorized)' >&2; exit 1;; esac
 exit 0
 """
 FAKE_HELM = """#!/bin/sh
-case "$1 $2" in "version --short") echo 'v3.16.2+g13654a5'; exit 0;; "show chart") echo 'apiVersion: v2'; exit 0;; esac
+case "$1 $2" in "version --short") echo 'v3.16.2+g13654a5'; exit 0;; esac
+case "$1" in """ + FAKE_HELM_PULL["PULL"] + """ esac
 echo 'Error: Kubernetes cluster unreachable: the server has asked for the client to provide credentials' >&2
 exit 1
 """

@@ -126,12 +126,12 @@ def test_up_carries_the_exact_commands():
         "eksctl create nodegroup -f .trainlift/ray-train/eksctl.yaml --include gpu-workers --install-nvidia-plugin=false"]
     crds, kuberay = commands(plan, "helm/kuberay-operator")
     # Helm never upgrades a chart's crds/ folder: KubeRay's CRDs at the pinned version go first, server-side.
-    assert crds == ("helm show crds kuberay-operator --repo https://ray-project.github.io/kuberay-helm/ --version 1.7.0 "
+    assert crds == ("helm show crds .trainlift/ray-train/charts/kuberay-operator-1.7.0.tgz "
                     "> .trainlift/ray-train/charts/kuberay-operator-1.7.0-crds.yaml && kubectl --kubeconfig "
                     ".trainlift/ray-train/kubeconfig apply --server-side --force-conflicts -f "
                     ".trainlift/ray-train/charts/kuberay-operator-1.7.0-crds.yaml")
-    assert kuberay.startswith("helm upgrade --install kuberay-operator kuberay-operator --repo "
-                              "https://ray-project.github.io/kuberay-helm/ --version 1.7.0")
+    assert kuberay.startswith("helm upgrade --install kuberay-operator "
+                              ".trainlift/ray-train/charts/kuberay-operator-1.7.0.tgz --namespace kuberay-operator")
     assert "--values .trainlift/ray-train/helm/kuberay-operator.values.yaml" in kuberay and "--wait" in kuberay
     assert commands(plan, "raycluster") == [
         "check that every Ray pod fits a node of its group, on the nodes' .status.allocatable",

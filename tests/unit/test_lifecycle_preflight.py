@@ -6,6 +6,7 @@ Planning is pure; the apply tests replace the one subprocess chokepoint and asse
 from __future__ import annotations
 
 import json
+import runpy
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,8 +23,9 @@ from trainlift.ops.placement import Placement
 from trainlift.ops.plan import Files, Observed, plan_up
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "examples" / "cluster-reference.yaml"
-SPEC = cluster_spec_from_yaml(REFERENCE.read_text())
+FAKE_HELM = runpy.run_path(str(REPO / "tests" / "fake_helm.py"))
+SPEC_DATA = FAKE_HELM["with_fake_chart_digests"](yaml.safe_load((REPO / "examples" / "cluster-reference.yaml").read_text()))
+SPEC = cluster_spec_from_yaml(yaml.safe_dump(SPEC_DATA))
 FILES = Files(".trainlift/ray-train", raycluster_hash="h1")
 PLACED = {"gpu-workers": Placement("gpu-workers", "us-east-2a", "pinned in the spec; offered there")}
 ALL_TOOLS = {"eksctl": True, "helm": True, "kubectl": True, "aws": True}
@@ -67,11 +69,13 @@ def test_a_required_secret_is_waited_for_before_any_node_group():
 
 @pytest.fixture
 def tools_on_path(tmp_path, monkeypatch):
-    """Stand-ins for eksctl, helm, kubectl and aws: a dry run only looks them up, it runs none."""
+    """Stand-ins for eksctl, helm, kubectl and aws: a dry run only looks them up and pulls the pinned charts
+    (tests/fake_helm.py), it runs nothing else."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ALL_TOOLS:
-        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).write_text("#!/bin/sh\n" + ('case "$1" in ' + FAKE_HELM["PULL"] + " esac\n" if tool == "helm"
+                                                    else "") + "exit 0\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
 
@@ -110,7 +114,9 @@ def test_cli_dry_run_without_credentials(monkeypatch, tmp_path, tools_on_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--dir", str(out)])
+    spec_file = tmp_path / "cluster.yaml"
+    spec_file.write_text(yaml.safe_dump(SPEC_DATA))
+    result = CliRunner().invoke(app, ["cluster", "up", str(spec_file), "--dry-run", "--dir", str(out)])
     assert result.exit_code == 0, result.output
     assert "not looked up: no AWS credentials found" in result.stdout
     assert f"eksctl create cluster -f {out}/eksctl.yaml --without-nodegroup" in result.stdout
@@ -120,7 +126,7 @@ def test_cli_dry_run_without_credentials(monkeypatch, tmp_path, tools_on_path):
     assert ("cost  total: $9.40/h (catalog on-demand prices for us-east-2: skypilot-before-2025-06, checked "
             "2026-12-06; --live not used)") in result.stdout
     assert result.stdout.index("cost  total") > result.stdout.index("eksctl create cluster")
-    json_result = CliRunner().invoke(app, ["cluster", "up", str(REFERENCE), "--dry-run", "--json", "--dir", str(out)])
+    json_result = CliRunner().invoke(app, ["cluster", "up", str(spec_file), "--dry-run", "--json", "--dir", str(out)])
     assert json_result.exit_code == 0, json_result.output
     cost = json.loads(json_result.stdout)["cost"]
     assert cost["total_usd_per_hour"] == 9.4048 and cost["unknown"] == []

@@ -175,8 +175,10 @@ def test_kueue_is_installed_pinned_from_its_oci_chart():
     rendered = {m.path: m for m in render_cluster(parse_cluster_spec(SPECS["p5"]()))}
     releases = rendered["helm/releases.yaml"].body["releases"]
     assert [r["name"] for r in releases][-1] == "kueue"
-    assert "helm upgrade --install kueue oci://registry.k8s.io/kueue/charts/kueue --version 0.19.2" in \
-        rendered["helm/kueue.values.yaml"].comment
+    assert rendered["helm/kueue.values.yaml"].comment.splitlines() == [
+        "helm pull oci://registry.k8s.io/kueue/charts/kueue --version 0.19.2 --destination charts",
+        "helm upgrade --install kueue charts/kueue-0.19.2.tgz --namespace kueue-system --values "
+        "helm/kueue.values.yaml --create-namespace"]
 
 
 def test_gpu_clusters_default_to_kueue():

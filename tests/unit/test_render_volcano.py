@@ -84,7 +84,8 @@ def test_cluster_up_installs_kueue_then_applies_the_queues_before_the_raycluster
     assert order.index("helm/kuberay-operator") < order.index("helm/kueue") < order.index("queues") \
         < order.index("raycluster")
     kueue = commands(data, "helm/kueue")[0]
-    assert kueue.startswith("helm upgrade --install kueue oci://registry.k8s.io/kueue/charts/kueue --version 0.19.2")
+    assert kueue.startswith("helm upgrade --install kueue .trainlift/")
+    assert "/charts/kueue-0.19.2.tgz --namespace kueue-system" in kueue
     assert "--wait" in kueue
     applied = commands(data, "queues")
     assert len(applied) == 5 and all("apply --server-side" in c and "/k8s/15-" in c for c in applied)

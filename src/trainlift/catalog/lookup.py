@@ -56,6 +56,8 @@ class ChartPin(BaseModel):
     version: str
     namespace: str
     source: str
+    digests: dict[str, str] = {}  # version -> sha256:<hex> of its .tgz
+    digest_source: str = ""
 
 
 def load_data(name: str) -> dict[str, Any]:
@@ -130,6 +132,9 @@ def peak_flops_for_device_name(name: str) -> float | None:
 def chart(name: str) -> ChartPin:
     entry = dict(platform()["charts"][name])
     entry["source"] = platform()["sources"][entry["source"]]
+    if entry.get("digest_source"):
+        entry["digest_source"] = platform()["sources"][entry["digest_source"]]
+    entry["digests"] = {str(version): digest for version, digest in entry.get("digests", {}).items()}
     return ChartPin(**entry)
 
 

@@ -150,6 +150,7 @@ def render(
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
     from trainlift.render import admissions, image_ref, pod_placements, render_cluster
+    from trainlift.render.helm import render_helm_releases
 
     if out is None and not check:
         raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")
@@ -170,6 +171,8 @@ def render(
         "manifests": [{"path": m.path, "kind": m.kind} for m in manifests],
         "placement": [p.to_dict() for p in pod_placements(cluster, manifests)],
         "admission": admissions(manifests),
+        "charts": [{k: r[k] for k in ("name", "chart", "version", "digest", "digestFrom")}
+                   for r in render_helm_releases(cluster)],
     }
     if out is not None:
         for m in manifests:
@@ -186,6 +189,7 @@ def render(
 
 def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> None:
     from trainlift.render import admissions, pod_placements
+    from trainlift.render.helm import digest_line, render_helm_releases
 
     verb = "wrote" if out is not None else "valid"
     for m in manifests:
@@ -195,6 +199,8 @@ def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> 
         console.print(f"fits   {p.line()}", highlight=False)
     for line in admissions(manifests):
         console.print(f"queue  {line}", highlight=False)
+    for release in render_helm_releases(cluster):
+        console.print(f"chart  {digest_line(release)}", highlight=False)
     console.print(
         f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
         f"{cluster.scheduler}, checked against eksctl v0.230.0, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "

@@ -168,6 +168,12 @@ class Versions(_Section):
     efa_device_plugin: str = _chart_version("aws-efa-k8s-device-plugin")
     kueue: str = _chart_version("kueue")
     volcano: str = _chart_version("volcano")
+    chart_digests: dict[Literal["kuberay-operator", "nvidia-device-plugin", "aws-efa-k8s-device-plugin", "kueue",
+                                "volcano"], Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] = Field(
+        default_factory=dict, description="The sha256 of a chart version's .tgz, by Helm release (e.g. "
+        "{kuberay-operator: 'sha256:...'}, from the chart repository's index.yaml): `cluster up` installs only that "
+        "file. Default: trainlift's own digest for its pinned version where it has one, else the digest `cluster up` "
+        "first installs, recorded in the cluster directory.")
 
 
 class ClusterSpec(_Section):

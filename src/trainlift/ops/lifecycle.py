@@ -23,16 +23,16 @@ from trainlift.cloud.caller import public_cidr
 from trainlift.cloud.capacity import CapacityReport, Unknown, assess
 from trainlift.config.cluster import ClusterSpec
 from trainlift.errors import SpecError, TrainliftError
-from trainlift.ops import kube
+from trainlift.ops import charts, kube
 from trainlift.ops.eksctl import observe_with_eksctl
-from trainlift.ops.pins import VERSION_ARGS, show_chart_args, tool_version
+from trainlift.ops.pins import VERSION_ARGS, tool_version
 from trainlift.ops.placement import Placement, allowed_zones, place, resolve_spec
 from trainlift.ops.plan import ABSENT, Files, Observed
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import run as run_command
 from trainlift.render.eksctl import SYSTEM_GROUP, open_endpoint_note, with_caller_address
-from trainlift.render.helm import render_helm_releases
+from trainlift.render.helm import digest_line, render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, with_account
 
 DEFAULT_ROOT = ".trainlift"
@@ -100,8 +100,10 @@ def tools_on_path() -> dict[str, bool]:
     return {tool: shutil.which(tool) is not None for tool in TOOLS}
 
 
-def observe_pins(spec: ClusterSpec, seen: Observed) -> dict:
-    """The tools' versions, and whether each pinned chart version exists (`helm show chart`; no cluster needed)."""
+def observe_pins(spec: ClusterSpec, seen: Observed, root: str) -> dict:
+    """The tools' versions, and each pinned chart version pulled into `<root>/charts/` with its digest and the
+    digest it must have (`helm pull`; no cluster needed). A chart pinned by version only has its first digest
+    recorded here."""
     found = seen.tools or {}
     versions = {}
     for tool, args in VERSION_ARGS.items():
@@ -110,26 +112,24 @@ def observe_pins(spec: ClusterSpec, seen: Observed) -> dict:
             versions[tool] = tool_version(tool, result.stdout) if result.returncode == 0 else None
     if not found.get("helm"):
         return {"tool_versions": versions}
-    charts, unknown = {}, {}
+    found_charts, digests, pins, unknown = {}, {}, {}, {}
     for release in render_helm_releases(spec):
-        result = run_command(show_chart_args(release), timeout=60)
-        said = _last_line(result.stderr)
-        if result.returncode == 0:
-            charts[release["name"]] = ""
-        elif "not found" in said:
-            charts[release["name"]] = said
-        else:
-            unknown["charts"] = f"{release['name']}: {said or 'helm timed out'}"
+        pulled = charts.pull(release, root)
+        if isinstance(pulled, str) and "not found" not in pulled:
+            unknown["charts"] = f"{release['name']}: {pulled}"
+            continue
+        found_charts[release["name"]] = pulled if isinstance(pulled, str) else ""
+        if isinstance(pulled, charts.PulledChart):
+            digests[release["name"]] = pulled.digest
+            pins[release["name"]] = charts.expected(release, root)
+            if pins[release["name"]][0] is None:
+                charts.record(root, release, pulled.digest)
     if unknown:
         return {"tool_versions": versions, "unknown": {**seen.unknown, **unknown}}
-    return {"tool_versions": versions, "charts": charts}
+    return {"tool_versions": versions, "charts": found_charts, "chart_digests": digests, "chart_pins": pins}
 
 
 
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
@@ -230,7 +230,8 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
     cidrs = ", ".join(spec.api_access_cidrs)
     scheduling = tuple([f"fits   {p.line()}" for p in pod_placements(spec, rendered)]
                        + [f"queue  {line}" for line in admissions(rendered)]
-                       + [f"api    {open_endpoint_note(spec) or 'EKS API public endpoint: only from ' + cidrs}"])
+                       + [f"api    {open_endpoint_note(spec) or 'EKS API public endpoint: only from ' + cidrs}"]
+                       + [f"chart  {digest_line(release)}" for release in render_helm_releases(spec)])
     for m in rendered:
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)
@@ -266,7 +267,7 @@ def _without_credentials(spec: ClusterSpec, root: str, write: bool, aws: Aws, wh
     placements = {name: replace(p, reason=f"{p.reason}: {why}") for name, p in place(spec, {}, None).items()}
     resolved = resolve_spec(spec, placements, list(spec.availability_zones), None)
     files, written = _render_or_nothing(resolved, root, write, tolerate=True)
-    return Prepared(resolved, replace(seen, **observe_pins(spec, seen)), {}, placements, files, written, aws)
+    return Prepared(resolved, replace(seen, **observe_pins(spec, seen, root)), {}, placements, files, written, aws)
 
 
 def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws: Aws | None = None,
@@ -303,7 +304,7 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
     # What EC2 says about each reservation: render checks the group against it, and a Capacity Block not yet
     # active keeps its group at 0 nodes.
     seen = replace(seen, reservations={w.capacity_reservation_id: aws.reservation(w.capacity_reservation_id)
-                                       for w in spec.workers if w.capacity_reservation_id}, **observe_pins(spec, seen))
+                                       for w in spec.workers if w.capacity_reservation_id}, **observe_pins(spec, seen, root))
     files, written = _render_or_nothing(resolved, root, write, any(p.blocking for p in placements.values()),
                                         seen.reservations)
     return Prepared(resolved, seen, reports, placements, files, written, aws)

@@ -1,5 +1,5 @@
 """Everything pinned is checked before anything billable is created: each Helm chart version exists where the
-spec pins it, and each tool is at least the release that does what `cluster up` asks of it. Pure: the tools'
+spec pins it and its archive has the digest it is pinned to (ops/charts.py), and each tool is at least the release that does what `cluster up` asks of it. Pure: the tools'
 outputs in, a plan step out (lifecycle.py runs the commands)."""
 
 from __future__ import annotations
@@ -11,13 +11,8 @@ from typing import Any
 from trainlift.catalog.lookup import load_data
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops.steps import Observed, Step
-from trainlift.render.helm import chart_source
 
 VERSION_ARGS = {"helm": ["version", "--short"], "eksctl": ["version"], "kubectl": ["version", "--client", "-o", "json"]}
-
-
-def show_chart_args(release: dict[str, Any]) -> list[str]:
-    return ["helm", "show", "chart", *chart_source(release), "--version", release["version"]]
 
 
 def tool_version(tool: str, stdout: str) -> str | None:
@@ -75,7 +70,27 @@ def pins_step(spec: ClusterSpec, seen: Observed, releases: list[dict[str, Any]],
                 fixes.append(f"pin a {r['chart']} version that exists in the cluster spec's `versions`")
         seen_parts.append(f"{len(releases) - sum(1 for r in releases if seen.charts.get(r['name']))} of "
                           f"{len(releases)} chart versions found")
+        digest_problems, checked = _digest_problems(releases, seen)
+        problems += digest_problems
+        fixes += ["if the chart was re-released on purpose, read what changed, then pin its new digest in "
+                  "versions.chart_digests"] * bool(digest_problems)
+        seen_parts.append(f"{checked} checked by digest")
     observed = ", ".join(seen_parts) or "not looked up"
     if problems:
         return Step("pins", title, observed, "blocked", note="; ".join(problems), fix="; ".join(fixes))
     return Step("pins", title, observed, "nothing")
+
+
+def _digest_problems(releases: list[dict[str, Any]], seen: Observed) -> tuple[list[str], int]:
+    """A line for each pulled chart whose archive is not the one it is pinned to; and how many were checked."""
+    problems, checked = [], 0
+    for r in releases:
+        pulled = seen.chart_digests.get(r["name"])
+        want, pinned_by = seen.chart_pins.get(r["name"], (None, ""))
+        if pulled is None or want is None:
+            continue
+        checked += 1
+        if pulled != want:
+            problems.append(f"chart {r['chart']} {r['version']} from {r['repo']} is {pulled}, not the {want} "
+                            f"pinned by {pinned_by}")
+    return problems, checked

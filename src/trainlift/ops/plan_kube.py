@@ -22,7 +22,7 @@ from trainlift.render import fit
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL
 from trainlift.render.fit import Amount
 from trainlift.ops.pins import crds_folder_charts
-from trainlift.render.helm import chart_source, helm_install_args
+from trainlift.render.helm import chart_archive, helm_install_args
 from trainlift.render.network_policy import NETWORK_POLICY_PATH, POLICY_NAME
 from trainlift.render.queues import queue_object_path, queue_objects
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE, raycluster_spec
@@ -47,8 +47,10 @@ def _release_state(seen: Observed, release: dict[str, Any]) -> tuple[str, bool]:
 
 
 def _helm_op(files: Files, release: dict[str, Any], wait: bool) -> Op:
+    """From the chart archive the pins step pulled and checked (ops/charts.py), not from the repository again."""
     values = files.path(f"helm/{release['name']}.values.yaml")
-    return _run(kube.helm_install(files.kubeconfig, helm_install_args(release, values), wait))
+    archive = files.path(f"charts/{chart_archive(release)}")
+    return _run(kube.helm_install(files.kubeconfig, helm_install_args(release, values, archive), wait))
 
 
 def nvidia_up(seen: Observed, files: Files, release: dict[str, Any]) -> Step:
@@ -101,7 +103,7 @@ def release_up(seen: Observed, files: Files, release: dict[str, Any]) -> Step:
 def _crd_op(files: Files, release: dict[str, Any]) -> Op:
     """The chart's CRDs at its pinned version, applied server-side (new fields kept on an upgrade)."""
     into = files.path(f"charts/{release['name']}-{release['version']}-crds.yaml")
-    show = ("helm", "show", "crds", *chart_source(release), "--version", release["version"])
+    show = ("helm", "show", "crds", files.path(f"charts/{chart_archive(release)}"))
     return Op("crds", show, until=into,
               then=tuple(kube.kubectl(files.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", into)))
 

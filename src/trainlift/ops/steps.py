@@ -33,6 +33,9 @@ class Observed:
     tools: dict[str, bool] | None = None  # tool -> found on PATH
     tool_versions: dict[str, str | None] | None = None  # tool -> the x.y.z it reports (None: could not tell)
     charts: dict[str, str] | None = None  # Helm release -> "" when its pinned chart version exists, else Helm's error
+    chart_digests: dict[str, str] = field(default_factory=dict)  # Helm release -> sha256 of the archive pulled
+    # Helm release -> (the digest its archive must have, where that pin comes from); (None, "") when none yet
+    chart_pins: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     cache_rule: str | None = None  # the ECR pull-through cache rule's upstream ("": none; None: not looked up)
     tags: dict[str, str] | None = None  # the cluster's tags, or its stack's when only the stack exists
     cluster_arn: str = ""

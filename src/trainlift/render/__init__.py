@@ -8,7 +8,6 @@ caller looked up (capacity reservations) and the S3 URIs the job uses are checke
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
@@ -19,7 +18,7 @@ from trainlift.render import admission
 from trainlift.errors import SpecError
 from trainlift.render.eksctl import Reservations, block_active, open_endpoint_note, render_eksctl
 from trainlift.render.fit import Placement, fit_problems, placements
-from trainlift.render.helm import helm_install_args, render_helm_releases
+from trainlift.render.helm import install_commands, render_helm_releases
 from trainlift.render.network_policy import NETWORK_POLICY_PATH, render_network_policy
 from trainlift.render.problems import raise_problems
 from trainlift.render.queues import placement_annotations, queue_labels, queue_object_path, queue_objects
@@ -105,7 +104,7 @@ def _helm_manifests(spec: ClusterSpec) -> list[Manifest]:
         entry = {k: v for k, v in release.items() if k != "values"}
         entry["valuesFile"] = values_file
         index.append(entry)
-        command = shlex.join(helm_install_args(release, f"helm/{values_file}"))
+        command = install_commands(release, f"helm/{values_file}")
         manifests.append(Manifest(f"helm/{values_file}", release["values"], "helm-values", command))
     head = Manifest("helm/releases.yaml", {"releases": index}, "none", "Install in this order.")
     return [head] + manifests

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import yaml
@@ -23,13 +24,25 @@ def taint_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
     return [seen[k] for k in sorted(seen)]
 
 
-def _release(name: str, version: str, values: dict[str, Any]) -> dict[str, Any]:
+def expected_digest(spec: ClusterSpec, name: str, version: str) -> tuple[str | None, str]:
+    """(sha256:<hex> the release's chart archive must have, where that pin comes from), or (None, "") when only
+    the version pins it: the spec's `versions.chart_digests` first, then the catalog's for its pinned version."""
+    if name in spec.versions.chart_digests:
+        return spec.versions.chart_digests[name], "versions.chart_digests"
+    digest = catalog.chart(name).digests.get(version)
+    return (digest, "trainlift's catalog") if digest else (None, "")
+
+
+def _release(spec: ClusterSpec, name: str, version: str, values: dict[str, Any]) -> dict[str, Any]:
     pin = catalog.chart(name)
+    digest, digest_from = expected_digest(spec, name, version)
     return {
         "name": name,
         "chart": pin.chart,
         "repo": pin.repo,
         "version": version,
+        "digest": digest,
+        "digestFrom": digest_from,
         "namespace": pin.namespace,
         "createNamespace": pin.namespace != "kube-system",
         "values": values,
@@ -48,12 +61,12 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
     releases = []
     if spec.scheduler == "volcano":
         # Before KubeRay: its operator looks for Volcano's PodGroup CRD when batchScheduler.name is volcano.
-        releases.append(_release("volcano", spec.versions.volcano, {}))
+        releases.append(_release(spec, "volcano", spec.versions.volcano, {}))
     releases += [
-        _release("kuberay-operator", spec.versions.kuberay,
+        _release(spec, "kuberay-operator", spec.versions.kuberay,
                  {"nodeSelector": dict(SYSTEM_LABELS), **kuberay_values(spec)}),
         _release(
-            "nvidia-device-plugin",
+            spec, "nvidia-device-plugin",
             spec.versions.nvidia_device_plugin,
             {"nodeSelector": gpu_nodes, "tolerations": nvidia_tolerations},
         ),
@@ -68,10 +81,10 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
         }
         if tolerations:
             values["tolerations"] = tolerations
-        releases.append(_release("aws-efa-k8s-device-plugin", spec.versions.efa_device_plugin, values))
+        releases.append(_release(spec, "aws-efa-k8s-device-plugin", spec.versions.efa_device_plugin, values))
     if spec.scheduler == "kueue":
         # After KubeRay: Kueue's ray.io integrations (on in the chart's defaults) need the Ray CRDs.
-        releases.append(_release("kueue", spec.versions.kueue, {
+        releases.append(_release(spec, "kueue", spec.versions.kueue, {
             "controllerManager": {"nodeSelector": dict(SYSTEM_LABELS)},
             "managerConfig": {"controllerManagerConfigYaml": kueue_configuration()}}))
     return releases
@@ -99,13 +112,42 @@ def chart_source(release: dict[str, Any]) -> list[str]:
     return [release["chart"], "--repo", release["repo"]]
 
 
-def helm_install_args(release: dict[str, Any], values_file: str) -> list[str]:
-    """The idempotent `helm upgrade --install` argv for a rendered release (an OCI chart is named by its URL)."""
+def chart_archive(release: dict[str, Any]) -> str:
+    """The file `helm pull` writes for the release's chart version."""
+    return f"{release['chart']}-{release['version']}.tgz"
+
+
+def helm_pull_args(release: dict[str, Any], destination: str) -> list[str]:
+    return ["helm", "pull", *chart_source(release), "--version", release["version"], "--destination", destination]
+
+
+def helm_install_args(release: dict[str, Any], values_file: str, chart_file: str | None = None) -> list[str]:
+    """The idempotent `helm upgrade --install` argv for a rendered release: from `chart_file`, the pulled and
+    checked archive, or else from its repository by version (an OCI chart is named by its URL)."""
+    source = [chart_file] if chart_file else [*chart_source(release), "--version", release["version"]]
     args = [
-        "helm", "upgrade", "--install", release["name"], *chart_source(release),
-        "--version", release["version"],
+        "helm", "upgrade", "--install", release["name"], *source,
         "--namespace", release["namespace"], "--values", values_file,
     ]
     if release["createNamespace"]:
         args.append("--create-namespace")
     return args
+
+
+def install_commands(release: dict[str, Any], values_file: str) -> str:
+    """The commands that install a rendered release by hand, its chart archive checked where a digest pins it."""
+    archive = f"charts/{chart_archive(release)}"
+    lines = [shlex.join(helm_pull_args(release, "charts"))]
+    if release["digest"]:
+        lines.append(f"echo '{release['digest'].removeprefix('sha256:')}  {archive}' | sha256sum -c")
+    lines.append(shlex.join(helm_install_args(release, values_file, archive)))
+    return "\n".join(lines)
+
+
+def digest_line(release: dict[str, Any]) -> str:
+    """How the release's chart is pinned, for render and `cluster up` to print."""
+    what = f"{release['name']} {release['version']}"
+    if release["digest"]:
+        return f"{what} pinned by digest {release['digest']} ({release['digestFrom']})"
+    return (f"{what} pinned by version only: trainlift knows no digest for it; `cluster up` records the digest it "
+            "first pulls and refuses another (versions.chart_digests pins one)")
