@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from trainlift.cli import app
 from trainlift.cloud.caller import public_cidr
 from trainlift.cloud.capacity import Unknown
 from trainlift.config.cluster import parse_cluster_spec
@@ -344,3 +347,51 @@ def test_the_callers_address_becomes_a_single_address_block(answer, expected):
         assert isinstance(found, Unknown) and "not an address" in found.reason
     else:
         assert found == expected
+
+
+class JobsDashboard(http.server.BaseHTTPRequestHandler):
+    """The Jobs API answers `jobs list` reads (the shapes of Ray 2.58's /api/version and /api/jobs/), only with the
+    cluster's token."""
+
+    def do_GET(self):  # noqa: N802
+        if self.headers.get("Authorization") != "Bearer tok-123":
+            return self._answer(401, b"")
+        body = ({"version": "4", "ray_version": "2.58.0", "ray_commit": "0"} if self.path == "/api/version" else
+                [{"type": "SUBMISSION", "submission_id": "sft-1", "job_id": "02000000", "status": "RUNNING",
+                  "entrypoint": "trainlift train job.yaml", "start_time": 1760000000000}])
+        self._answer(200, json.dumps(body).encode())
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_jobs_on_an_eks_cluster_are_read_with_its_token_and_no_address(tmp_path, monkeypatch):
+    """`jobs list --cluster SPEC` forwards the head and sends the RayCluster's token itself; nothing is set by hand."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JobsDashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    forward = FORWARD.format(target=server.server_address[1])
+    encoded = base64.b64encode(b"tok-123").decode()
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    fake_kubectl(cluster_dir, monkeypatch, f'if "port-forward" in args:\n    exec({forward!r})\n'
+                 + SECRET_KUBECTL.format(encoded=encoded))
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(yaml.safe_dump(BASE))
+    for name in ("RAY_AUTH_TOKEN", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        listed = CliRunner().invoke(app, ["jobs", "list", "--cluster", str(spec), "--dir", str(cluster_dir), "--json"])
+        both = CliRunner().invoke(app, ["jobs", "list", "--cluster", str(spec), "--address", "http://x:8265"])
+    finally:
+        server.shutdown()
+    assert listed.exit_code == 0, listed.output
+    assert [(j["id"], j["status"]) for j in json.loads(listed.stdout)] == [("sft-1", "RUNNING")]
+    assert "RAY_AUTH_TOKEN" not in os.environ
+    assert "--cluster reaches the head by itself; drop --address" in both.exception.one_line()

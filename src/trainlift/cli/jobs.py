@@ -20,6 +20,11 @@ jobs_app = typer.Typer(rich_markup_mode=None, help="List, inspect, follow and st
 app.add_typer(jobs_app, name="jobs")
 
 ADDRESS_HELP = "Ray dashboard URL (default: RAY_ADDRESS, else the head from `trainlift local up`)."
+CLUSTER_OPTION = typer.Option(
+    None, "--cluster", metavar="CLUSTER_SPEC", help="Instead of --address: the EKS cluster `cluster up` made from this "
+    "spec, its head reached through kubectl port-forward with the RayCluster's token (from its Secret).")
+DIR_OPTION = typer.Option(None, "--dir", help="With --cluster: where `cluster up` wrote the cluster's kubeconfig "
+                          "(default .trainlift/<name>/).")
 
 
 def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submitted_at: float,
@@ -268,14 +273,33 @@ def _check_cluster_serves(cluster_file: Path, spec):
     return cluster_spec, image_lock(cluster_spec.image.uri)
 
 
+def _cluster_head(cluster: Path | None, cluster_dir: Path | None, address: str | None):
+    """A block's Ray address: --address, or the --cluster's head forwarded (with its token) while the block runs."""
+    from contextlib import contextmanager
+
+    from trainlift.cli.cluster import load_cluster_spec
+
+    if cluster is not None and address:
+        raise UsageError("--cluster reaches the head by itself; drop --address (or --cluster)")
+    cluster_spec = load_cluster_spec(cluster) if cluster is not None else None
+
+    @contextmanager
+    def block():
+        with _head(cluster_spec, cluster_dir, None, quiet=True) as forwarded:
+            yield forwarded or address
+    return block()
+
+
 @jobs_app.command("list")
 def jobs_list(address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+              cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION,
               json_out: bool = typer.Option(False, "--json")) -> None:
     """Jobs on the cluster, newest first."""
     from trainlift.ops import jobs
 
-    job_client = jobs.client(jobs.resolve_address(address))
-    rows = sorted((jobs.job_row(i) for i in job_client.list_jobs()), key=lambda r: -(r["start_time"] or 0))
+    with _cluster_head(cluster, cluster_dir, address) as head:
+        listed = jobs.client(jobs.resolve_address(head)).list_jobs()
+    rows = sorted((jobs.job_row(i) for i in listed), key=lambda r: -(r["start_time"] or 0))
     if json_out:
         print_json(rows)
         return
@@ -292,6 +316,7 @@ def jobs_status(job_id: str = typer.Argument(..., help="The job's submission id;
                     None, help="Read RayJob JOB_ID's Kueue admission (queued, position, admitted, evicted) through "
                     "this kubeconfig, e.g. .trainlift/<cluster>/kubeconfig."),
                 namespace: str = typer.Option("default", help="The RayJob's namespace (with --kubeconfig)."),
+                cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION,
                 json_out: bool = typer.Option(False, "--json")) -> None:
     """One job's status and message; a job that ended because its head or node went away says so."""
     from trainlift.job_state import ended_cause, job_line
@@ -299,9 +324,9 @@ def jobs_status(job_id: str = typer.Argument(..., help="The job's submission id;
 
     if kubeconfig is not None:
         return _rayjob_status(kubeconfig, namespace, job_id, json_out)
-    job_client = jobs.client(jobs.resolve_address(address), gone=jobs.status_gone(job_id))
     try:
-        row = jobs.job_row(job_client.get_job_info(job_id))
+        with _cluster_head(cluster, cluster_dir, address) as head:
+            row = jobs.job_row(jobs.client(jobs.resolve_address(head), gone=jobs.status_gone(job_id)).get_job_info(job_id))
     except RuntimeError:
         raise UsageError(f"no job {job_id!r} on this cluster",
                          hint="trainlift jobs list; a restarted head knows none of the jobs of the one before: "
@@ -334,30 +359,33 @@ def _rayjob_status(kubeconfig: Path, namespace: str, name: str, json_out: bool) 
 
 @jobs_app.command("logs")
 def jobs_logs(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
-              follow: bool = typer.Option(False, "--follow", help="Keep streaming until the job ends.")) -> None:
+              follow: bool = typer.Option(False, "--follow", help="Keep streaming until the job ends."),
+              cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION) -> None:
     """A job's driver log, byte for byte (for grep and `doctor nccl-log`); with --follow on a terminal, its
     progress as a bar and every other line as it comes."""
     from trainlift.ops import jobs
 
-    job_client = jobs.client(jobs.resolve_address(address))
-    if not follow:
-        sys.stdout.write(job_client.get_job_logs(job_id))
-        return
-    if console.is_terminal:
-        status, _ = _follow(job_client, job_id, None, False, time.time(), verbose=True)
-    else:
-        status = jobs.follow(job_client, job_id, lambda line: sys.stdout.write(line + "\n"))
+    with _cluster_head(cluster, cluster_dir, address) as head:
+        job_client = jobs.client(jobs.resolve_address(head))
+        if not follow:
+            sys.stdout.write(job_client.get_job_logs(job_id))
+            return
+        if console.is_terminal:
+            status, _ = _follow(job_client, job_id, None, False, time.time(), verbose=True)
+        else:
+            status = jobs.follow(job_client, job_id, lambda line: sys.stdout.write(line + "\n"))
     raise typer.Exit(0 if status == "SUCCEEDED" else 1)
 
 
 @jobs_app.command("stop")
 def jobs_stop(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+              cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION,
               json_out: bool = typer.Option(False, "--json")) -> None:
     """Ask a running job to stop."""
     from trainlift.ops import jobs
 
-    job_client = jobs.client(jobs.resolve_address(address))
-    stopped = job_client.stop_job(job_id)
+    with _cluster_head(cluster, cluster_dir, address) as head:
+        stopped = jobs.client(jobs.resolve_address(head)).stop_job(job_id)
     if json_out:
         print_json({"submission_id": job_id, "stop_requested": bool(stopped)})
     else:

@@ -282,7 +282,22 @@ class Aws:
         except Exception as exc:
             self._fail("eks:DescribeCluster", exc)
         return ClusterInfo(name, c["status"], c.get("version"), c.get("endpoint"),
-                           (c.get("certificateAuthority") or {}).get("data"))
+                           (c.get("certificateAuthority") or {}).get("data"),
+                           tuple((c.get("resourcesVpcConfig") or {}).get("publicAccessCidrs") or ()))
+
+    def addon_configuration(self, cluster: str, addon: str) -> str | None | Unknown:
+        """An EKS add-on's configuration values (JSON text, "" for the defaults); None when it is not installed."""
+        from botocore.exceptions import ClientError
+
+        def call() -> str | None:
+            try:
+                found = self.client("eks").describe_addon(clusterName=cluster, addonName=addon)["addon"]
+            except ClientError as exc:
+                if error_code(exc) == "ResourceNotFoundException":
+                    return None
+                raise
+            return found.get("configurationValues") or ""
+        return self._optional("eks:DescribeAddon", call)
 
     def nodegroups(self, cluster: str) -> dict[str, NodeGroupInfo]:
         eks = self.client("eks")

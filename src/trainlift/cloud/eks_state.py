@@ -13,6 +13,7 @@ class ClusterInfo:
     version: str | None
     endpoint: str | None
     ca_data: str | None
+    public_access_cidrs: tuple[str, ...] = ()  # who may reach the public API endpoint (EKS's default: 0.0.0.0/0)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,16 @@ def delete_nodegroup(cluster: str, region: str, name: str) -> list[str]:
     return ["eksctl", "delete", "nodegroup", "--cluster", cluster, "--region", region, "--name", name, "--wait"]
 
 
+def update_api_access(config: str) -> list[str]:
+    """The control plane's public endpoint CIDRs set to the config's vpc.publicAccessCIDRs."""
+    return ["eksctl", "utils", "update-cluster-vpc-config", "-f", config, "--approve"]
+
+
+def update_addon(config: str, name: str) -> list[str]:
+    """An EKS add-on set to the config's entry for it (its configurationValues included)."""
+    return ["eksctl", "update", "addon", "-f", config, "--name", name]
+
+
 def delete_cluster(cluster: str, region: str) -> list[str]:
     return ["eksctl", "delete", "cluster", "--name", cluster, "--region", region, "--wait"]
 

@@ -129,9 +129,6 @@ def observe_pins(spec: ClusterSpec, seen: Observed, root: str) -> dict:
     return {"tool_versions": versions, "charts": found_charts, "chart_digests": digests, "chart_pins": pins}
 
 
-
-
-
 def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
     """The control plane stack eksctl left, and the tags that say who created the cluster."""
     out: dict = {"unknown": {}}
@@ -150,6 +147,19 @@ def _observe_owner(spec: ClusterSpec, aws: Aws, exists: bool) -> dict:
     return out
 
 
+def _observe_network_policy(spec: ClusterSpec, aws: Aws, unknown: dict[str, str]) -> dict:
+    """Whether the cluster's vpc-cni add-on enforces NetworkPolicy (its enableNetworkPolicy setting)."""
+    found = aws.addon_configuration(spec.name, "vpc-cni")
+    if isinstance(found, Unknown):
+        unknown["vpc-cni"] = found.reason
+        return {}
+    try:
+        values = json.loads(found) if found else {}
+    except ValueError:
+        values = {}
+    return {"cni_network_policy": found is not None and str(values.get("enableNetworkPolicy")).lower() == "true"}
+
+
 def _observe_group_stacks(spec: ClusterSpec, groups: dict, aws: Aws) -> dict:
     """eksctl's stack of each group of the spec that EKS does not list: a stack a failed create left makes
     `eksctl create nodegroup` skip the group."""
@@ -163,6 +173,8 @@ def _observe_group_stacks(spec: ClusterSpec, groups: dict, aws: Aws) -> dict:
 def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     seen = _observe(spec, files, aws)
     owner = _observe_owner(spec, aws, exists=seen.control_plane not in (None, ABSENT))
+    if seen.control_plane not in (None, ABSENT):
+        owner.update(_observe_network_policy(spec, aws, owner["unknown"]))
     if spec.image.cache == "ecr":
         rule = aws.pull_through_rule(CACHE_PREFIX)
         if isinstance(rule, Unknown):
@@ -200,7 +212,7 @@ def _observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
         unknown["kubernetes"] = "the API server's endpoint is unknown (eks:DescribeCluster was not readable)"
     else:
         unknown["kubernetes"] = f"the control plane is {info.status}"
-    return Observed(info.status, groups, unknown=unknown, **stacks, **fields)
+    return Observed(info.status, groups, unknown=unknown, api_cidrs=info.public_access_cidrs, **stacks, **fields)
 
 
 # --- prepare -------------------------------------------------------------------------------------

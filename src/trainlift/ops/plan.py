@@ -16,7 +16,7 @@ from dataclasses import replace
 from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops import eksctl, kube, plan_kube
-from trainlift.ops.drift import GroupWant, nodegroup_drift
+from trainlift.ops.drift import GroupWant, cluster_settings_step, nodegroup_drift
 from trainlift.ops.placement import Placement
 from trainlift.ops.pins import pins_step
 from trainlift.ops.preflight import ownership_step, tools_needed, tools_step
@@ -188,7 +188,8 @@ def _assumed(steps: list[Step], seen: Observed) -> list[Step]:
 
 def plan_up(spec: ClusterSpec, seen: Observed, placements: dict[str, Placement], files: Files,
             force: bool = False) -> Plan:
-    steps = [ownership_step(spec, seen, "up", force), _control_plane_up(spec, seen, files)]
+    steps = [ownership_step(spec, seen, "up", force), _control_plane_up(spec, seen, files),
+             cluster_settings_step(spec, seen, files)]
     steps += plan_kube.namespace_and_secrets(spec, seen, files)
     steps += _image_cache_up(spec, seen)
     groups = [_nodegroup_up(spec, seen, want, files, placements.get(want.name)) for want in _wants(spec, seen)]

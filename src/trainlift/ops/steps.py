@@ -39,6 +39,8 @@ class Observed:
     cache_rule: str | None = None  # the ECR pull-through cache rule's upstream ("": none; None: not looked up)
     tags: dict[str, str] | None = None  # the cluster's tags, or its stack's when only the stack exists
     cluster_arn: str = ""
+    api_cidrs: tuple[str, ...] | None = None  # the control plane's publicAccessCidrs (None: no control plane seen)
+    cni_network_policy: bool | None = None  # the vpc-cni add-on enforces NetworkPolicy (None: unknown, see `unknown`)
     stack: StackInfo | None = None  # eksctl's control plane stack; None: none (or unknown, see `unknown`)
     # eksctl's stack of each node group EKS does not list; a group without one is left out (unknown: see `unknown`)
     nodegroup_stacks: dict[str, StackInfo] = field(default_factory=dict)
