@@ -189,3 +189,24 @@ def test_a_model_index_naming_a_path_outside_the_download_is_refused(s3, tmp_pat
                                          r" or its listing\), which is not a file of that folder"):
         fetch.model_dir(f"s3://{BUCKET}/{prefix}")
     assert list((tmp_path / "tmp").rglob("planted*")) == []
+
+
+def test_trainlift_train_refuses_a_crafted_checkpoint_before_any_worker_starts(tmp_path, tiny_spec, single_process_group):
+    """The refusal is `trainlift train`'s own one line (exit 2), raised on the driver before Ray is started."""
+    from typer.testing import CliRunner
+
+    import yaml
+    from trainlift.cli import app
+
+    spec = tiny_spec()
+    directory, marker = Path(spec.run_uri) / "checkpoint_00000003", tmp_path / "ran"
+    save(directory, "sync")
+    (directory / "COMPLETE").write_text("")
+    (directory / ".metadata").write_bytes(pickle.dumps(RunsCommand(touch(marker))))
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["train", str(spec_file), "--address", "http://127.0.0.1:9"])
+    assert isinstance(result.exception, UsageError), result.output
+    assert result.exception.one_line().startswith(f"{directory} is not a checkpoint trainlift wrote (.metadata: it "
+                                                  "refers to ")
+    assert not marker.exists() and not (Path(spec.run_uri) / "driver.json").exists()

@@ -245,6 +245,10 @@ def run_training(
     finished = finished_summary(spec)
     if finished is not None:
         return {**finished, "already_finished": True}
+    if (latest := rundir.latest_checkpoint_step(spec.run_uri)) is not None:
+        from trainlift.train.run import safe_load  # torch: only when there is a checkpoint to check
+
+        safe_load.check_latest_metadata(*rundir.open_uri(spec.run_uri), latest)
     if changes and on_update is not None:
         on_update({"event": "note", "text": f"run {spec.run.name} goes on with a changed spec: {'; '.join(changes)}"})
     log_path = ray_output.run_log_path(spec.run_uri, spec.run.name)

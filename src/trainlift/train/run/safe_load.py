@@ -128,3 +128,12 @@ def load_state(state: dict, fs: pafs.FileSystem, path: str) -> None:
         if refusals:
             raise refusals[0] from None
         raise
+
+
+def check_latest_metadata(fs: pafs.FileSystem, run_path: str, step: int) -> None:
+    """On the driver, before any worker starts: the `.metadata` of the checkpoint a resume will load, parsed as the
+    workers parse it, so a refusal is the command's own one-line error rather than a line inside Ray's report of
+    failed workers."""
+    path = f"{run_path.rstrip('/')}/checkpoint_{step:08d}"
+    with fs.open_input_stream(f"{path}/.metadata") as stream:
+        parse_metadata(stream.read(), path)
