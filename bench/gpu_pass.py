@@ -648,14 +648,14 @@ def stage_packed(ctx: Pass) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from trainlift.train.model.build import flash_attn_usable
+    from trainlift.train.model.kernels import flash_attn_status
     from trainlift.train.model.loss import model_inputs
 
     rows = PACKED_ROWS if not ctx.smoke else ((10, 5, 9), (4, 20))
     config = Qwen2Config(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=4096)  # head_dim 128, as Qwen2.5's
     dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
-    kernels = (["flash_attention_2"] if ctx.device.type == "cuda" and flash_attn_usable() else []) + [
+    kernels = (["flash_attention_2"] if ctx.device.type == "cuda" and flash_attn_status()[0] else []) + [
         "flex_attention", "sdpa"]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (len(rows), sum(rows[0])), generator=generator).to(ctx.device)

@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from trainlift.train.data import examples as data
-from trainlift.train.model.build import attention_implementation
 from trainlift.train.model.loss import model_inputs, token_loss_sum
 
 CONFIG = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -106,34 +105,3 @@ def test_flash_attention_gets_a_micro_batch_as_one_row_that_transformers_reads_a
         apart = sum(token_loss_sum(model, data.collate(data.pack([ex], len(ex.input_ids), 0).rows))
                     for ex in examples)
     torch.testing.assert_close(together, apart, rtol=1e-5, atol=1e-5)
-
-
-def test_auto_picks_a_kernel_that_loads_and_fits_the_gpu_and_sdpa_on_cpus(monkeypatch):
-    """flash-attn when it loads, its CUDA extension included (one built for another torch fails to import with an
-    undefined symbol); else flex attention where its backward fits the GPU's shared memory (H100: 232,448 bytes a
-    block), else sdpa (L4, A10G: 101,376 bytes; pytorch#133254)."""
-    import importlib
-    import importlib.util
-    from types import SimpleNamespace
-
-    assert attention_implementation("auto", torch.device("cpu")) == "sdpa"
-    assert attention_implementation("eager", torch.device("cuda")) == "eager"
-    find_spec, import_module = importlib.util.find_spec, importlib.import_module
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else find_spec(name))
-    monkeypatch.setattr(importlib, "import_module", lambda name: object() if name.startswith("flash_attn")
-                        else import_module(name))
-    assert attention_implementation("auto", torch.device("cuda")) == "flash_attention_2"
-
-    def broken(name):
-        if name.startswith("flash_attn"):
-            raise ImportError("flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: "
-                              "_ZN3c104cuda9SetDeviceEab")
-        return import_module(name)
-
-    monkeypatch.setattr(importlib, "import_module", broken)
-    for shared, kernel in ((232_448, "flex_attention"), (101_376, "sdpa")):
-        monkeypatch.setattr(torch.cuda, "get_device_properties",
-                            lambda device, shared=shared: SimpleNamespace(shared_memory_per_block_optin=shared))
-        assert attention_implementation("auto", torch.device("cuda")) == kernel
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "flash_attn" else find_spec(name))
-    assert attention_implementation("auto", torch.device("cuda")) == "sdpa"

@@ -38,7 +38,7 @@ class Fabric(str, Enum):
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 _FACT_ROWS = (
     "hostname", "instance_type", "python", "torch", "torch_cuda", "torch_cudnn", "torch_nccl", "ray", "transformers",
-    "gpu_count", "gpu_model", "driver", "driver_cuda", "ofi_plugin", "ofi_plugin_version", "ofi_plugin_missing_deps",
+    "gpu_count", "gpu_model", "attention", "driver", "driver_cuda", "ofi_plugin", "ofi_plugin_version", "ofi_plugin_missing_deps",
     "libfabric", "efa_installer", "fi_info_efa", "uverbs", "memlock_bytes", "shm_bytes", "mlflow",
 )
 

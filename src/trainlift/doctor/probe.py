@@ -54,6 +54,7 @@ class Facts:
     transformers: str | None = None
     gpu_count: int = 0
     gpu_model: str | None = None
+    attention: str | None = None  # the kernel model.attn_implementation auto runs on GPU 0, and why
     driver: str | None = None
     driver_cuda: str | None = None
     ofi_plugin: str | None = None
@@ -174,6 +175,17 @@ def _torch_facts(facts: Facts) -> None:
             facts.gpu_count = torch.cuda.device_count()
         except Exception as exc:
             facts.notes.append(f"torch.cuda.device_count: {exc}")
+    if facts.gpu_count:
+        _attention_fact(facts, torch)
+
+
+def _attention_fact(facts: Facts, torch) -> None:
+    from trainlift.train.model.kernels import attention_choice
+
+    try:
+        facts.attention = attention_choice("auto", torch.device("cuda", 0)).line()
+    except Exception as exc:  # noqa: BLE001 - a GPU whose properties cannot be read is a note, not a crash
+        facts.notes.append(f"attention kernel: {exc}")
 
 
 def _gpu_facts(facts: Facts) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from trainlift.train.model import fetch, weights
-
-log = logging.getLogger(__name__)
+from trainlift.train.model import fetch, kernels, weights
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
@@ -70,41 +65,8 @@ def sharded_config(model_spec) -> PretrainedConfig:
 
 
 def attention_implementation(choice: str, device: torch.device) -> str:
-    """`model.attn_implementation` for `device`. Packed rows restart their position ids at each example, and
-    every kernel here keeps the examples apart; auto picks the one without a dense [batch, 1, seq, seq] mask
-    where that mask costs: on a GPU, flash-attn's variable-length kernel when it loads, else flex attention's
-    block mask where its backward fits the GPU's shared memory, else sdpa with the dense mask. On a CPU, sdpa (its
-    dense mask is small at CPU sizes; flex attention compiles for half a minute)."""
-    if choice != "auto":
-        return choice
-    if device.type != "cuda":
-        return "sdpa"
-    if flash_attn_usable():
-        return "flash_attention_2"
-    return "flex_attention" if flex_backward_fits(device) else "sdpa"
-
-
-# flex_attention's backward at head_dim 128 asks for about 131 KB of shared memory per block (pytorch#133254):
-# more than sm_86/sm_89 parts (A10G, L4, L40S: 101,376 bytes) give, so it fails at the first backward there.
-FLEX_BACKWARD_SHARED_BYTES = 131_074
-
-
-def flex_backward_fits(device: torch.device) -> bool:
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 0) >= FLEX_BACKWARD_SHARED_BYTES
-
-
-def flash_attn_usable() -> bool:
-    """flash-attn imports, its CUDA extension included: one built for another torch fails here (undefined symbol),
-    not at the first forward."""
-    if importlib.util.find_spec("flash_attn") is None:
-        return False
-    try:
-        importlib.import_module("flash_attn.flash_attn_interface")
-    except (ImportError, OSError, RuntimeError) as exc:
-        log.warning("flash-attn is installed but does not load (%s); using another attention kernel", exc)
-        return False
-    return True
+    """`model.attn_implementation` for `device` (kernels.py says how auto decides)."""
+    return kernels.attention_choice(choice, device).kernel
 
 
 def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device,
