@@ -3,8 +3,11 @@
     python examples/make_tiny_assets.py
 
 Writes examples/data/tasks-{train,eval}.jsonl (short tasks a tiny model can
-learn: reverse letters, sort digits, add numbers) and examples/tiny/tokenizer/
-(a byte-level BPE tokenizer trained on that data with `tokenizers`).
+learn: reverse letters, sort digits, add numbers), examples/tiny/tokenizer/
+(a byte-level BPE tokenizer trained on that data with `tokenizers`) and
+examples/data/prefs-{train,eval}.jsonl: preference pairs on the same tasks for
+`train.objective: dpo`, where the chosen reply is the answer alone and the
+rejected one wraps the same answer in filler ("well, i think it is ...").
 """
 
 from __future__ import annotations
@@ -47,6 +50,23 @@ def make_split(rng: random.Random, n: int, exclude: set[str]) -> list[dict]:
     return rows
 
 
+FILLERS = [("well, i think it is ", ""), ("hmm, maybe ", ""), ("", ", i guess"), ("so the answer is ", " ok")]
+
+
+def make_preferences(rng: random.Random, n: int, exclude: set[str]) -> list[dict]:
+    """{prompt, chosen, rejected}: the prompt as a conversation, the replies as text."""
+    rows, seen = [], set(exclude)
+    while len(rows) < n:
+        prompt, answer = make_task(rng)
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        before, after = rng.choice(FILLERS)
+        rows.append({"prompt": [{"role": "user", "content": prompt}], "chosen": answer,
+                     "rejected": before + answer + after})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -82,7 +102,13 @@ def main() -> None:
     write_jsonl(HERE / "data" / "tasks-eval.jsonl", eval_rows)
     texts = [m["content"] for r in train_rows for m in r["messages"]]
     train_tokenizer(texts, HERE / "tiny" / "tokenizer")
-    print(f"wrote {len(train_rows)} train and {len(eval_rows)} eval tasks and the tokenizer under {HERE.name}/")
+    rng = random.Random(4321)  # its own stream: the files above stay as they were
+    eval_prefs = make_preferences(rng, 100, set())
+    train_prefs = make_preferences(rng, 1000, {r["prompt"][0]["content"] for r in eval_prefs})
+    write_jsonl(HERE / "data" / "prefs-train.jsonl", train_prefs)
+    write_jsonl(HERE / "data" / "prefs-eval.jsonl", eval_prefs)
+    print(f"wrote {len(train_rows)} train and {len(eval_rows)} eval tasks, {len(train_prefs)} train and "
+          f"{len(eval_prefs)} eval preference pairs, and the tokenizer under {HERE.name}/")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Pure apart from what the caller reads and writes: metrics rows and summaries in, figures, PNG bytes and
 HTML text out. Restarts (a resume, a worker-group restart, an elastic resize) are marked on the x-axis:
 each start of the training loop writes an `"event": "start"` row; for older files, a step that goes back
-or a change of `world` between rows shows one too.
+or a change of `world` between rows shows one too. A DPO run (`train.objective: dpo`) also gets its rewards and reward
+accuracy, as plots and summary cells; a run without them (SFT) gets neither.
 """
 
 from __future__ import annotations
@@ -17,15 +18,25 @@ from typing import Any
 from trainlift.errors import UsageError
 from trainlift.rundir import eval_rows, train_rows
 
-PLOTS = {  # file stem: (title, y label, [(row key, series label)])
+PLOTS = {  # file stem: (title, y label, [(row key, series label)]); eval_* keys come from the eval rows
     "loss": ("Loss", "loss", [("loss", "train"), ("eval_loss", "eval")]),
+    "rewards": ("DPO rewards", "β · log-prob gain over the reference",
+                [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("rewards/margin", "margin")]),
+    "reward_accuracy": ("DPO reward accuracy", "pairs with chosen reward above rejected",
+                        [("rewards/accuracy", "train"), ("eval_rewards/accuracy", "eval")]),
     "lr": ("Learning rate", "lr", [("lr", "lr")]),
     "tokens_per_s": ("Throughput", "tokens/s", [("tokens_per_s", "tokens/s")]),
     "mfu": ("Model FLOPs utilisation", "MFU", [("mfu", "MFU")]),
 }
+COLOUR_PER_SERIES = {"rewards"}  # plots whose series are curves of their own, not a train and an eval view of one
+SERIES_LINE_STYLES = ("-", "--", ":")  # what tells those series apart when the colour is the run's (--compare)
+Y_LIMITS = {"reward_accuracy": (-0.03, 1.03)}
 SUMMARY_KEYS = (("finished", "{}"), ("steps", "{}"), ("final_loss", "{:.4f}"), ("initial_eval_loss", "{:.4f}"),
                 ("eval_loss", "{:.4f}"), ("tokens_per_s", "{:.0f}"), ("step_time_s", "{:.3f}"), ("mfu", "{:.1%}"),
                 ("world_size", "{}"), ("device", "{}"), ("wall_time_s", "{:.1f}"), ("resumed_from", "{}"))
+# After eval_loss, when a run has them: the last step's rewards (from metrics.jsonl) and the last evaluation's.
+DPO_SUMMARY_KEYS = (("final_rewards/accuracy", "{:.1%}"), ("final_rewards/margin", "{:.3f}"),
+                    ("eval_rewards/accuracy", "{:.1%}"), ("eval_rewards/margin", "{:.3f}"))
 
 
 @dataclass
@@ -62,43 +73,57 @@ def restarts(rows: list[dict[str, Any]]) -> list[Restart]:
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    source = eval_rows(rows) if key == "eval_loss" else train_rows(rows)
+    source = eval_rows(rows) if key.startswith("eval_") else train_rows(rows)
     points = [(r["step"], r[key]) for r in source if isinstance(r.get(key), (int, float))]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def figures(runs: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """One matplotlib Figure per plot that has data, each run a line (several runs: `--compare`)."""
+def _line_style(stem: str, key: str, run: int, series: int, runs: int) -> dict[str, Any]:
+    """Each run its colour, eval series dashed with markers; in a COLOUR_PER_SERIES plot each series its own colour
+    (one run) or line style (several runs)."""
+    if stem in COLOUR_PER_SERIES:
+        if runs == 1:
+            return {"color": f"C{series}"}
+        return {"color": f"C{run}", "linestyle": SERIES_LINE_STYLES[series % len(SERIES_LINE_STYLES)]}
+    return {"color": f"C{run}", **({"marker": "o", "linestyle": "--"} if key.startswith("eval_") else {})}
+
+
+def _figure(stem: str, runs: list[tuple[str, list[dict[str, Any]]]]):
+    """Plot `stem` of PLOTS, each run a line per series; None when no run has data for it."""
     from matplotlib.figure import Figure
 
-    out = {}
-    for stem, (title, ylabel, keys) in PLOTS.items():
-        fig = Figure(figsize=(7, 3.4), dpi=100, layout="constrained")
-        ax = fig.add_subplot()
-        drawn = False
-        for i, (label, rows) in enumerate(runs):
-            color = f"C{i}"
-            for key, series in keys:
-                steps, values = _series(rows, key)
-                if not steps:
-                    continue
-                name = series if len(runs) == 1 else f"{label} {series}" if len(keys) > 1 else label
-                style = {"marker": "o", "linestyle": "--"} if key == "eval_loss" else {}
-                ax.plot(steps, values, color=color, label=name, linewidth=1.5, markersize=4, **style)
-                drawn = True
-            for mark in restarts(rows):
-                ax.axvline(mark.step, color=color, linestyle=":", linewidth=1)
-                ax.annotate(mark.label, (mark.step, 1), xycoords=("data", "axes fraction"), xytext=(-2, -4),
-                            textcoords="offset points", rotation=90, va="top", ha="right", fontsize=7, color=color)
-        if not drawn:
-            continue
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        out[stem] = fig
-    return out
+    title, ylabel, keys = PLOTS[stem]
+    fig = Figure(figsize=(7, 3.4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    drawn = False
+    for i, (label, rows) in enumerate(runs):
+        for j, (key, series) in enumerate(keys):
+            steps, values = _series(rows, key)
+            if not steps:
+                continue
+            name = series if len(runs) == 1 else f"{label} {series}" if len(keys) > 1 else label
+            ax.plot(steps, values, label=name, linewidth=1.5, markersize=4, **_line_style(stem, key, i, j, len(runs)))
+            drawn = True
+        for mark in restarts(rows):
+            ax.axvline(mark.step, color=f"C{i}", linestyle=":", linewidth=1)
+            ax.annotate(mark.label, (mark.step, 1), xycoords=("data", "axes fraction"), xytext=(-2, -4),
+                        textcoords="offset points", rotation=90, va="top", ha="right", fontsize=7, color=f"C{i}")
+    if not drawn:
+        return None
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if stem in Y_LIMITS:
+        ax.set_ylim(*Y_LIMITS[stem])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def figures(runs: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """One matplotlib Figure per plot that has data, each run a line (several runs: `--compare`)."""
+    drawn = {stem: _figure(stem, runs) for stem in PLOTS}
+    return {stem: fig for stem, fig in drawn.items() if fig is not None}
 
 
 def png_bytes(fig) -> bytes:
@@ -117,20 +142,32 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def table_values(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> dict[str, Any]:
-    """summary.json describes the last attempt; the eval before the first step comes from the rows, and the
-    checkpoint resumed from is named relative to the run."""
+    """summary.json describes the last attempt; the eval before the first step and a DPO run's last step's rewards
+    come from the rows, and the checkpoint resumed from is named relative to the run."""
     values = dict(summary or {})
     if values.get("initial_eval_loss") is None:
         values["initial_eval_loss"] = next((r["eval_loss"] for r in eval_rows(rows) if r["step"] == 0), None)
     if values.get("resumed_from"):
         values["resumed_from"] = str(values["resumed_from"]).rstrip("/").rsplit("/", 1)[-1]
+    last_step = (train_rows(rows) or [{}])[-1]
+    for name in ("accuracy", "margin"):
+        if last_step.get(f"rewards/{name}") is not None:
+            values[f"final_rewards/{name}"] = last_step[f"rewards/{name}"]
     return values
+
+
+def summary_keys(runs: list[tuple[str, dict[str, Any] | None]]) -> tuple[tuple[str, str], ...]:
+    """SUMMARY_KEYS, with DPO_SUMMARY_KEYS after eval_loss when some run has one of them."""
+    if not any((s or {}).get(key) is not None for _, s in runs for key, _ in DPO_SUMMARY_KEYS):
+        return SUMMARY_KEYS
+    at = [key for key, _ in SUMMARY_KEYS].index("eval_loss") + 1
+    return SUMMARY_KEYS[:at] + DPO_SUMMARY_KEYS + SUMMARY_KEYS[at:]
 
 
 def summary_table(runs: list[tuple[str, dict[str, Any] | None]]) -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in runs)
     body = []
-    for key, fmt in SUMMARY_KEYS:
+    for key, fmt in summary_keys(runs):
         cells = "".join(f"<td>{html.escape(_cell((s or {}).get(key), fmt))}</td>" for _, s in runs)
         body.append(f"<tr><th>{key}</th>{cells}</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(body)}</table>"

@@ -1,5 +1,6 @@
-"""Training on data as users keep it: a Parquet file with its own column names, a directory of JSONL files, and
-JSONL on S3 (a real S3-compatible server, moto, over HTTP on loopback). The S3 part of the data cache (arrays
+"""Training on data as users keep it: a mixture of a Parquet file with its own column names and a JSONL file, its
+composition recorded in the run; ShareGPT conversations saved by `datasets` (the format told from the rows), and a
+directory of JSONL files on S3 (a real S3-compatible server, moto, over HTTP on loopback). The S3 part of the data cache (arrays
 uploaded under s3:// storage, downloaded once per node) is checked here too, without Ray."""
 
 import json
@@ -53,19 +54,30 @@ def assert_trained(summary, spec):
         assert entry["built"] and (root / entry["key"] / "manifest.json").is_file()
 
 
+def as_sharegpt(row):
+    return {"conversations": [{"from": {"user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+                              for m in row["messages"]]}
+
+
 @pytest.mark.usefixtures("ray_local")
-def test_parquet_with_renamed_columns_and_a_directory_of_jsonl_train(tiny_assets, tmp_path):
+def test_a_mixture_with_renamed_columns_and_a_saved_sharegpt_dataset_train(tiny_assets, tmp_path):
+    import datasets
+
     conversations = [{"conversation": r["messages"]} for r in rows_of(tiny_assets / "train.jsonl")]
     pq.write_table(pa.Table.from_pylist(conversations), tmp_path / "train.parquet")
-    shards, eval_rows = tmp_path / "eval", rows_of(tiny_assets / "eval.jsonl")
-    shards.mkdir()
-    for i in range(2):
-        (shards / f"part-{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows[i::2]))
-    spec = short_run(tiny_assets, tmp_path, train=str(tmp_path / "train.parquet"), eval=str(shards),
-                     columns={"messages": "conversation"})
+    eval_rows = [as_sharegpt(r) for r in rows_of(tiny_assets / "eval.jsonl")]
+    datasets.Dataset.from_list(eval_rows).save_to_disk(tmp_path / "eval")
+    train = [{"source": str(tmp_path / "train.parquet"), "weight": 0.6, "columns": {"messages": "conversation"}},
+             {"source": str(tiny_assets / "train.jsonl"), "weight": 0.4}]
+    spec = short_run(tiny_assets, tmp_path, train=train, eval=str(tmp_path / "eval"))
     summary = run_training(spec)
     assert_trained(summary, spec)
     assert summary["eval_loss"] is not None and math.isfinite(summary["eval_loss"])
+    recorded = json.loads((Path(spec.run_uri) / "data.json").read_text())
+    assert recorded == datacache.composition(spec, summary["data_cache"])
+    assert recorded["eval"][0]["format"] == "sharegpt"
+    drawn = [source["drawn"] for source in recorded["train"]]
+    assert [s["source"] for s in recorded["train"]] == [e["source"] for e in train] and all(n > 0 for n in drawn)
 
 
 @pytest.mark.usefixtures("ray_local")

@@ -51,7 +51,11 @@ def ws(tiny_assets, tmp_path_factory):
         "not_mapping": spec("not_mapping.yaml", raw="- just\n- a list\n"),
         "no_data": spec("no_data.yaml", lambda s: s["data"].update(train=str(root / "missing.jsonl"))),
         "bad_json": spec("bad_json.yaml", lambda s: s["data"].update(train=str(root / "bad.jsonl"))),
-        "no_key": spec("no_key.yaml", lambda s: s["data"].update(train=str(root / "nokey.jsonl"))),
+        "no_key": spec("no_key.yaml", lambda s: s["data"].update(train=str(root / "nokey.jsonl"), format="messages")),
+        "unknown_format": spec("unknown_format.yaml", lambda s: s["data"].update(train=str(root / "qa.jsonl"))),
+        "unknown_speaker": spec("unknown_speaker.yaml", lambda s: s["data"].update(train=str(root / "speaker.jsonl"))),
+        "no_split": spec("no_split.yaml", lambda s: s["data"].update(train=str(root / "saved-dict"))),
+        "bad_hub_id": spec("bad_hub_id.yaml", lambda s: s["data"].update(train="hf://org/name")),
         "no_assistant": spec("no_assistant.yaml", lambda s: s["data"].update(train=str(root / "noassist.jsonl"))),
         "bad_parquet": spec("bad_parquet.yaml", lambda s: s["data"].update(train=str(root / "bad.parquet"),
                                                                             format="prompt_completion")),
@@ -86,6 +90,15 @@ def ws(tiny_assets, tmp_path_factory):
     pq.write_table(pa.table({"prompt": ["a", "b"], "completion": [" x", None]}), root / "bad.parquet")
     pq.write_table(pa.table({"question": ["a"], "answer": [" x"]}), root / "qa.parquet")
     (root / "noassist.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    (root / "prefs.jsonl").write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n"
+                                      + json.dumps({"prompt": "p", "chosen": 3, "rejected": "r"}) + "\n")
+    (root / "qa.jsonl").write_text(json.dumps({"question": "x", "answer": "y"}) + "\n")
+    (root / "speaker.jsonl").write_text(json.dumps({"conversations": [{"from": "human", "value": "x"},
+                                                                      {"from": "narrator", "value": "y"}]}) + "\n")
+    import datasets
+
+    rows = datasets.Dataset.from_list([CHAT])
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(root / "saved-dict")
     (root / "blocked").mkdir()
     (root / "blocked" / "run").write_text("a file where the run directory goes")
     (root / "empty-model").mkdir()
@@ -133,8 +146,18 @@ CASES = {
     "data-bad-json-line": lambda f, r: ["train", f["bad_json"]],
     "data-missing-format-keys": lambda f, r: ["train", f["no_key"]],
     "data-no-assistant-turn": lambda f, r: ["train", f["no_assistant"]],
+    "dpo-format-not-preference": lambda f, r: ["train", f["good"], "--set", "train.objective=dpo",
+                                               "--set", "data.format=messages"],
+    "dpo-rows-not-preference": lambda f, r: ["train", f["good"], "--set", "train.objective=dpo",
+                                             "--set", f"data.train={r}/nokey.jsonl"],
+    "dpo-bad-preference-row": lambda f, r: ["train", f["good"], "--set", "train.objective=dpo",
+                                            "--set", f"data.train={r}/prefs.jsonl"],
     "data-bad-parquet-row": lambda f, r: ["train", f["bad_parquet"]],
     "data-parquet-column-missing": lambda f, r: ["train", f["parquet_columns"]],
+    "data-format-not-told": lambda f, r: ["train", f["unknown_format"]],
+    "data-sharegpt-unknown-speaker": lambda f, r: ["train", f["unknown_speaker"]],
+    "data-dataset-split-not-chosen": lambda f, r: ["train", f["no_split"]],
+    "data-hub-id-malformed": lambda f, r: ["train", f["bad_hub_id"]],
     "seq-len-above-model-max": lambda f, r: ["train", f["long_seq"]],
     "run-dir-unwritable": lambda f, r: ["train", f["run_dir"]],
     "model-dir-without-config": lambda f, r: ["train", f["bad_model"]],

@@ -15,7 +15,7 @@ def test_minimal_spec_gets_defaults():
     spec = validate_job_spec(dict(MINIMAL))
     assert spec.scaling.workers == 2
     assert spec.run_uri == "runs/run"
-    assert spec.data.format == "messages"
+    assert spec.data.format == "auto"
 
 
 def test_unknown_key_names_its_path():

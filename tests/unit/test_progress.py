@@ -110,3 +110,72 @@ def test_on_a_terminal_the_start_line_and_notes_stay_above_the_bar(monkeypatch):
     assert text.count("started on 2 workers, attention sdpa\n") == 1
     assert text.index("Ray: starting") < text.index("started on 2 workers") < text.rindex("10/10")
     assert "ETA " in text
+
+
+def dpo_step(n, total=10, accuracy=0.75, margin=0.4):
+    """A DPO step's board row, keys as the recipe posts them."""
+    return {**step(n, total), "grad_norm": 1.2, "world": 2, "tokens": 1658.0, "flops_per_token": 5.1e6, "mfu": None,
+            "rewards/chosen": -0.27, "rewards/rejected": -0.27 - margin, "rewards/margin": margin,
+            "rewards/accuracy": accuracy}
+
+
+def test_a_dpo_step_shows_its_reward_accuracy_and_margin_next_to_the_loss():
+    out, clock = io.StringIO(), Clock()
+    lines = ProgressLines("lines", 0, out=out, clock=clock)
+    lines({"event": "start", "step": 0, "world": 2, "resumed_from": None, "time": 5.0, "objective": "dpo"})
+    lines(dpo_step(1, accuracy=0.0, margin=0.0))
+    lines(dpo_step(2, accuracy=0.984, margin=1.41018))
+    printed = out.getvalue().splitlines()
+    assert printed[1] == "step 1/10  loss 2.0000  reward acc 0%  margin 0.000  1234 tok/s"
+    assert printed[2] == "step 2/10  loss 1.0000  reward acc 98%  margin 1.410  1234 tok/s"
+
+
+def test_json_lines_carry_a_dpo_steps_rewards_and_nothing_new_for_sft():
+    out = io.StringIO()
+    lines = ProgressLines("json", 30, out=out)
+    lines(step(1))
+    lines(dpo_step(2, accuracy=1.0, margin=0.5))
+    sft, dpo = [jobs.parse_progress(line) for line in out.getvalue().splitlines()]
+    assert set(sft) == {"step", "total_steps", "loss", "tokens_per_s", "step_time_s"}
+    assert (dpo["rewards/accuracy"], dpo["rewards/margin"]) == (1.0, 0.5) and "rewards/chosen" not in dpo
+
+
+def summary_text(monkeypatch, summary):
+    from rich.console import Console
+
+    from trainlift.cli import train as train_cli
+
+    terminal = Console(record=True, width=120, file=io.StringIO())
+    monkeypatch.setattr(train_cli, "console", terminal)
+    train_cli._summary_table({"name": "demo", "run": "runs/demo", "steps": 6, "final_loss": 0.2349,
+                              "eval_loss": 0.1909, "tokens_per_s": 3872.0, **summary}, json_out=False)
+    return terminal.export_text()
+
+
+def test_the_final_table_of_a_dpo_run_shows_its_eval_reward_accuracy_and_an_sft_one_does_not(monkeypatch):
+    dpo = summary_text(monkeypatch, {"objective": "dpo", "eval_rewards/accuracy": 0.9666, "eval_rewards/margin": 1.6686,
+                                     "eval_rewards/chosen": -0.2187, "eval_rewards/rejected": -1.8872})
+    rows = [line.split("│")[1:3] for line in dpo.splitlines() if line.count("│") == 3]
+    keys = [key.strip() for key, _ in rows]
+    assert keys.index("eval_loss") + 1 == keys.index("eval_rewards/accuracy")
+    assert dict((k.strip(), v.strip()) for k, v in rows)["eval_rewards/accuracy"] == "96.7%"
+    assert dict((k.strip(), v.strip()) for k, v in rows)["eval_rewards/margin"] == "1.669"
+    sft = summary_text(monkeypatch, {"objective": "sft"})
+    assert "rewards" not in sft and "eval_loss" in sft
+    assert summary_text(monkeypatch, {"objective": "dpo"}).count("rewards") == 0  # no eval data: no eval rewards
+
+
+def test_on_a_terminal_the_bar_of_a_dpo_run_shows_the_same_figures_as_its_lines(monkeypatch):
+    from rich.console import Console
+
+    from trainlift.cli import train as train_cli
+    from trainlift.config.job import load_job_spec
+
+    terminal = Console(record=True, force_terminal=True, width=160, file=io.StringIO())
+    monkeypatch.setattr(train_cli, "console", terminal)
+    job = load_job_spec("examples/tiny-local-dpo.yaml", ["train.steps=10"])
+    with train_cli._progress_display(job, "auto", 30, hidden=False) as on_update:
+        on_update({"event": "start", "step": 0, "world": 2, "resumed_from": None, "time": 5.0})
+        for n in range(1, 11):
+            on_update(dpo_step(n, accuracy=0.9, margin=1.25))
+    assert "loss 0.2000  reward acc 90%  margin 1.250  1234 tok/s" in terminal.export_text()

@@ -27,6 +27,9 @@ PUBLIC_SINCE = {
     "torch.nn.functional": ("2.0", CORE),
     "torch.multiprocessing": ("2.0", CORE),
     "torch.utils.checkpoint.checkpoint": ("2.0", CORE),
+    "torch.utils.checkpoint.CheckpointPolicy": ("2.4", "selective activation checkpointing, public since 2.4"),
+    "torch.utils.checkpoint.create_selective_checkpoint_contexts": (
+        "2.4", "selective activation checkpointing, public since 2.4"),
     "torch.utils.tensorboard.SummaryWriter": ("2.0", CORE),
     "torch.distributed.checkpoint.FileSystemReader": ("2.0", CORE),
     "torch.distributed.checkpoint.DefaultLoadPlanner": ("2.0", CORE),

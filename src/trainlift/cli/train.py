@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trainlift.cli.app import app, console, err_console, print_json
-from trainlift.cli.progress import MODES, Eta, ProgressLines, duration, start_line
+from trainlift.cli.progress import MODES, Eta, ProgressLines, duration, start_line, step_figures
 from trainlift.config.job import load_job_spec
 from trainlift.errors import UsageError
 from trainlift.progress_lines import PROGRESS_ENV
@@ -203,7 +203,7 @@ def _progress_display(spec, progress_mode: str, log_every: float, hidden: bool):
                 progress.console.print(row["text"], markup=False, highlight=False)
             elif row.get("event") == "step":
                 left = eta(row)
-                info = f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s"
+                info = step_figures(row)
                 progress.update(task, completed=row["step"], info=info, eta="" if left is None else f"ETA {duration(left)}")
             elif row.get("event") == "start" and (row["step"], row.get("time")) != last_start[0]:
                 last_start[0] = (row["step"], row.get("time"))
@@ -221,8 +221,11 @@ def _summary_table(summary: dict, json_out: bool) -> None:
         return
     table = Table(title=f"run {summary['name']}", show_header=False)
     for key, fmt in (("steps", "d"), ("final_loss", ".4f"), ("initial_eval_loss", ".4f"), ("eval_loss", ".4f"),
+                     ("eval_rewards/accuracy", ".1%"), ("eval_rewards/margin", ".3f"),
                      ("tokens_per_s", ".0f"), ("step_time_s", ".3f"), ("mfu", ".1%"), ("wall_time_s", ".1f"),
                      ("trainable_params", ",d"), ("total_params", ",d")):
+        if key.startswith("eval_rewards/") and summary.get(key) is None:
+            continue  # a DPO run's last evaluation; no row at all for an SFT run
         table.add_row(key, _fmt(summary.get(key), fmt))
     table.add_row("run", summary["run"])
     console.print(table)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Callable, Literal, Sequence, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import InitErrorDetails
 
 from trainlift.config.errors import field_path, first_error, unknown_key_suggestion
 from trainlift.errors import SpecError
@@ -56,12 +58,30 @@ class ModelSection(_Section):
     revision: str | None = Field(
         None, pattern=r"^[0-9a-f]{40}$", description="The hub commit (40 hex digits) of a hub model.path, fetched "
         "on every node: what was reviewed is what trains. Unset: the repository's main branch at fetch time.")
-    activation_checkpointing: bool = False
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none", description="Recompute decoder blocks' activations in the backward pass instead of keeping them "
+        "from the forward: less memory for more compute. none; full: every block; selective: every "
+        "activation_checkpointing_every-th block, the others keep their activations (memory and recompute in "
+        "between). true and false, the older form, still mean full and none.")
+    activation_checkpointing_every: int = Field(
+        2, ge=1, description="selective: checkpoint the Nth, 2Nth, ... decoder block (1: every block, as full).")
+    activation_checkpointing_keeps: Literal["inputs", "matmuls"] = Field(
+        "inputs", description="What a checkpointed block keeps for the backward pass. inputs: its input alone, and "
+        "the whole block runs again. matmuls: also the outputs of its matrix multiplications and attention kernel, "
+        "so only its cheap elementwise ops (norms, rotary, activations) run again: more memory than inputs, "
+        "almost no recompute.")
     attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
         "auto", description="Attention kernel. auto: flash_attention_2 on a GPU with flash-attn installed (packed "
         "examples by their position ids), else flex_attention on a GPU (a block mask, no dense one), else sdpa.")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
     lora: LoraSection | None = Field(None, description="Train LoRA adapters instead of every weight (absent: full fine-tuning).")
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _boolean_form(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # specs written before the modes: true was every block
+            return "full" if value else "none"
+        return value
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> "ModelSection":
@@ -77,26 +97,145 @@ class ModelSection(_Section):
         return self
 
 
-DATA_KEYS = ("messages", "prompt", "completion", "text")
+DATA_KEYS = ("messages", "prompt", "completion", "text", "instruction", "input", "output", "system", "conversations",
+             "chosen", "rejected")
+DataFormat = Literal["auto", "messages", "alpaca", "sharegpt", "prompt_completion", "text", "preference"]
+HUB_DATASET = re.compile(r"hf://datasets/(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+_SHAPES = ("location", "source", "mix")  # how a data.train/data.eval value is written; never in an error's path
+
+
+def _known_column_keys(value: dict[str, str] | None) -> dict[str, str] | None:
+    unknown = sorted(set(value or {}) - set(DATA_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {', '.join(unknown)}; the keys are {', '.join(DATA_KEYS)}")
+    return value
+
+
+def _data_location(value: str) -> str:
+    if value.startswith("hf://") and not HUB_DATASET.fullmatch(value):
+        raise ValueError("not a hub dataset id: write hf://datasets/<org>/<name> (config, split and revision go "
+                         "beside it, as {source: hf://datasets/<org>/<name>, split: train})")
+    return value
+
+
+class DataSource(_Section):
+    """One source of data.train or data.eval, with what chooses within it and how its rows read."""
+
+    source: str = Field(description="What data.train takes as a plain string: a .jsonl/.json/.parquet/.csv file, a "
+                        "directory or glob of them (local or s3://); a directory saved by datasets' save_to_disk; "
+                        "a local directory in the hub's layout (data/train-00000-of-00001.parquet, or a README.md "
+                        "with configs); or a hub dataset, hf://datasets/<org>/<name>, fetched once per node into "
+                        "<staging dir>/datasets (TRAINLIFT_DATASET_CACHE names the directory itself).")
+    config: str | None = Field(None, description="The dataset's configuration (datasets' `name`), for a hub "
+                               "dataset or a hub-layout directory with several.")
+    split: str | None = Field(None, description="The split to read (e.g. train); needed when the dataset has "
+                              "several. A local directory given a config or split is read as the hub lays it out.")
+    revision: str | None = Field(None, pattern=r"^[0-9a-f]{40}$", description="The hub commit (40 hex digits) of "
+                                 "an hf://datasets/ source, fetched on every node; it alone keys the data cache. "
+                                 "Unset: the main branch when the node first fetches it, keyed by the files' hash.")
+    weight: float = Field(1.0, gt=0, description="In a list: this source's share of the draws, relative to the "
+                          "others' (0.7 and 0.3, or 7 and 3).")
+    format: DataFormat | None = Field(None, description="This source's row format; default: data.format.")
+    columns: dict[str, str] | None = Field(None, description="This source's column mapping; default: data.columns.")
+
+    _known_keys = field_validator("columns")(_known_column_keys)
+    _location = field_validator("source")(_data_location)
+
+    @model_validator(mode="after")
+    def _revision_of_a_hub_dataset(self) -> "DataSource":
+        if self.revision is not None and not self.source.startswith("hf://"):
+            raise ValueError(f"revision pins a hub dataset's commit; {self.source} is not hf://datasets/<org>/<name>")
+        return self
+
+
+def _shape(value: Any) -> str:
+    return "mix" if isinstance(value, list) else "source" if isinstance(value, (dict, DataSource)) else "location"
+
+
+_Entry = Annotated[Union[Annotated[str, Tag("location")], Annotated[DataSource, Tag("source")]],
+                   Discriminator(_shape)]
+DataValue = Annotated[Union[Annotated[str, Tag("location")], Annotated[DataSource, Tag("source")],
+                            Annotated[list[_Entry], Field(min_length=1), Tag("mix")]], Discriminator(_shape)]
 
 
 class DataSection(_Section):
-    train: str = Field(description="A .jsonl/.json/.parquet/.csv file, a directory or glob of them; local or s3://.")
-    eval: str | None = None
-    format: Literal["messages", "prompt_completion", "text"] = "messages"
+    train: DataValue = Field(description="A location (what data.train.source takes), a mapping {source, config, "
+                             "split, revision, format, columns}, or a list of them to mix, each with a weight: "
+                             "[{source: a.jsonl, weight: 0.7}, {source: hf://datasets/org/name, split: train, "
+                             "weight: 0.3}]. A mixture draws each example from a source chosen by weight, seeded by "
+                             "train.seed and the sources' content, and stops as data.mixture_size says.")
+    eval: DataValue | None = Field(None, description="Like data.train; a mixture of it stops at its first "
+                                   "source that runs out, or at data.eval_examples.")
+    format: DataFormat = Field("auto", description="messages {messages: [{role, content}]}; alpaca {instruction, "
+                               "input?, output, system?}; sharegpt {conversations: [{from: human|gpt|system|tool|"
+                               "function_call|observation, value}], system?}; prompt_completion {prompt, "
+                               "completion}; text {text}; preference {prompt, chosen, rejected} (for "
+                               "train.objective: dpo). auto: the one format whose keys a source's first row has "
+                               "(after data.columns).")
     columns: dict[str, str] = Field(
         default_factory=dict, description="The data's column for each key the format reads, e.g. "
-        "{prompt: question, completion: answer}.")
+        "{prompt: question, completion: answer} or {instruction: task, output: answer}.")
+    mixture_size: int | None = Field(None, ge=1, description="Examples drawn from a data.train list; a source that "
+                                     "runs out starts over from its first row. Unset: the draws stop at the first "
+                                     "draw of a source with no rows left, so no row repeats.")
     seq_len: int = Field(512, gt=8)
     eval_examples: int = Field(256, ge=1, description="At most this many eval examples are scored.")
 
-    @field_validator("columns")
+    _known_keys = field_validator("columns")(_known_column_keys)
+
+    @field_validator("train", "eval")
     @classmethod
-    def _known_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(value) - set(DATA_KEYS))
-        if unknown:
-            raise ValueError(f"unknown key {', '.join(unknown)}; the keys are {', '.join(DATA_KEYS)}")
+    def _locations(cls, value: Any) -> Any:
+        for entry in value if isinstance(value, list) else [value]:
+            if isinstance(entry, str):
+                _data_location(entry)
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _paths_without_shapes(cls, raw: Any, handler) -> "DataSection":
+        """Errors name data.train[1].weight, not the union member the value was read as."""
+        try:
+            return handler(raw)
+        except ValidationError as exc:
+            errors = [InitErrorDetails(type=e["type"], loc=_unshaped(e["loc"]), input=e["input"], ctx=e.get("ctx", {}))
+                      for e in exc.errors()]
+            raise ValidationError.from_exception_data(exc.title, errors) from None
+
+    def locations(self) -> list[tuple[str, str]]:
+        """(field, location) of every source: data.train, data.train[1], data.eval, ..."""
+        out = []
+        for name in ("train", "eval"):
+            value = getattr(self, name)
+            for i, entry in enumerate(value if isinstance(value, list) else [] if value is None else [value]):
+                field = f"data.{name}[{i}]" if isinstance(value, list) else f"data.{name}"
+                out.append((field, entry if isinstance(entry, str) else entry.source))
+        return out
+
+    def with_locations(self, change: Callable[[str], str]) -> "DataSection":
+        """A copy with every source's location passed through `change` (e.g. made absolute)."""
+        def moved(value: Any) -> Any:
+            if isinstance(value, list):
+                return [moved(entry) for entry in value]
+            if isinstance(value, DataSource):
+                return value.model_copy(update={"source": change(value.source)})
+            return change(value) if isinstance(value, str) else value
+
+        return self.model_copy(update={"train": moved(self.train), "eval": moved(self.eval)})
+
+
+def _unshaped(loc: tuple) -> tuple:
+    return tuple(part for i, part in enumerate(loc)
+                 if not (part in _SHAPES and i and (loc[i - 1] in ("train", "eval") or isinstance(loc[i - 1], int))))
+
+
+class DpoSection(_Section):
+    beta: float = Field(0.1, gt=0, description="How far the policy may move from the reference model: the reward "
+                        "of a response is beta times its log-probability gain over the reference.")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="The share of pairs assumed mislabelled "
+                                   "(conservative DPO); 0: plain DPO.")
+    sft_weight: float = Field(0.0, ge=0, description="Weight of the chosen response's per-token NLL added to each "
+                              "pair's loss (as RPO); 0: none.")
 
 
 class TrainSection(_Section):
@@ -114,6 +253,14 @@ class TrainSection(_Section):
         "auto", description="When gradients are reduce-scattered during grad_accum: after every micro-batch (sharded "
         "gradients only; one reduce-scatter per micro-batch) or after the last one (fewer collectives, but every "
         "worker holds the unsharded fp32 gradients in between); auto: every micro-batch on GPU, last on CPU.")
+    compile: bool = Field(
+        False, description="torch.compile each decoder block before sharding (Inductor: Triton kernels on a GPU, C++ "
+        "on a CPU); the embedding and the loss's chunked LM head stay eager. The first step pays for compiling "
+        "(seconds to a minute per distinct block); the loss is the same to float rounding.")
+    objective: Literal["sft", "dpo"] = Field(
+        "sft", description="sft: next-token loss on the trained tokens; dpo: preference tuning on data.format: "
+        "preference pairs against the model as it starts (train.dpo).")
+    dpo: DpoSection = DpoSection()
 
 
 class ScalingSection(_Section):
@@ -255,6 +402,16 @@ class JobSpec(_Section):
                 raise ValueError(f"{field_path(parts)}: {URI_CREDENTIALS}; {URI_CREDENTIALS_FIX}")
         return raw
 
+    @model_validator(mode="after")
+    def _objective_fits_the_data(self) -> "JobSpec":
+        if self.train.objective == "dpo" and self.data.format not in ("auto", "preference"):
+            raise ValueError(f"train.objective: dpo learns from pairs of responses, but data.format is "
+                             f"{self.data.format}; set data.format: preference (rows of prompt, chosen, rejected)")
+        if self.train.objective == "sft" and self.data.format == "preference":
+            raise ValueError("data.format: preference rows are pairs for train.objective: dpo; set it (the objective "
+                             "is sft)")
+        return self
+
     @property
     def is_remote_storage(self) -> bool:
         return "://" in self.run.storage
@@ -314,8 +471,9 @@ def validate_job_spec(raw: dict[str, Any], source: str = "spec", overrides: Sequ
 
 def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
     """The spec file's relative local paths made relative to its directory (the spec reads the same from any
-    directory): data files and run.storage always; model.path, model.tokenizer and a model.config file name when
-    that path exists there (else it is a hub id), model.path also when model.config builds the model there."""
+    directory): data sources (the `source` of each mapping too; hf:// and s3:// are no paths) and run.storage
+    always; model.path, model.tokenizer and a model.config file name when that path exists there (else it is a hub
+    id), model.path also when model.config builds the model there."""
     def under(value: Any) -> Any:
         if not isinstance(value, str) or "://" in value or Path(value).expanduser().is_absolute():
             return value
@@ -325,10 +483,17 @@ def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
         moved = under(value)
         return moved if moved is not value and Path(moved).exists() else value
 
+    def sources_under(value: Any) -> Any:  # a location, a {source: ...} mapping, or a list of them
+        if isinstance(value, list):
+            return [sources_under(entry) for entry in value]
+        if isinstance(value, dict) and "source" in value:
+            return {**value, "source": under(value["source"])}
+        return under(value)
+
     model, data, run = (raw.get(key) if isinstance(raw.get(key), dict) else {} for key in ("model", "data", "run"))
     for key in ("train", "eval"):
         if key in data:
-            data[key] = under(data[key])
+            data[key] = sources_under(data[key])
     if "storage" in run:
         run["storage"] = under(run["storage"])
     builds_here = isinstance(model.get("config"), dict)

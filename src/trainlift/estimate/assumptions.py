@@ -38,3 +38,10 @@ def mfu(gpu_model: str | None) -> tuple[Figure, bool]:
     """The MFU to assume for a GPU model and whether it was measured."""
     measured = figure("mfu", "measured", gpu_model or "")
     return (measured, True) if measured else (figure("mfu", "assumed"), False)
+
+
+def compiled(mfu: Figure) -> Figure:
+    """The assumed MFU of a run with train.compile: scaled by what compiling gave in the published run it comes
+    from."""
+    factor = figure("compile", "throughput_factor")
+    return Figure(mfu.value * factor.value, f"{mfu.source}; {factor.source}", f"{mfu.label}, {factor.label}")

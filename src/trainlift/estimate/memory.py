@@ -3,7 +3,7 @@
 The recipe keeps fp32 master weights, fp32 gradients and AdamW's two fp32 moments, sharded over the workers
 (FSDP2), or over one shard group of an HSDP mesh; it computes in bf16 on GPUs and fp32 on CPUs. Activations are the tensors autograd saves per token of
 a decoder layer (checked on the CPU against the peak of a real forward and backward: docs/BENCHMARKS.md
-benchmark 15). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
+benchmark 15); a checkpointed layer keeps only its input (and, keeping matmuls, their outputs). The peak of a step is at the start of the backward pass: every layer's activations, the loss's
 logits chunk and the LM head's gradient are held then; the sharded gradients of the previous step were freed
 (`zero_grad(set_to_none=True)`) and this step's grow while the activations shrink, so the total counts the
 larger of the two unless gradient accumulation keeps gradients across micro-batches.
@@ -29,13 +29,37 @@ class Workload:
     micro_batch: int
     seq_len: int
     grad_accum: int
-    activation_checkpointing: bool
+    activation_checkpointing: str  # none, full or selective (model.activation_checkpointing; True/False: full/none)
     gpu: bool
     bf16: bool
     workers: int
     lora_params: int = 0
     accum_sync_last: bool = False
     shard: int = 0  # workers each copy of the model is sharded over (HSDP); 0: all of them (plain FSDP)
+    checkpoint_every: int = 2  # selective: every Nth layer is checkpointed
+    checkpoint_keeps: str = "inputs"  # what a checkpointed layer keeps: inputs, or matmuls (their outputs too)
+    compiled: bool = False  # train.compile
+
+    def __post_init__(self) -> None:
+        if isinstance(self.activation_checkpointing, bool):
+            object.__setattr__(self, "activation_checkpointing", "full" if self.activation_checkpointing else "none")
+
+    def checkpointed_layers(self, layers: int) -> int:
+        """How many of the model's `layers` decoder layers are checkpointed (recipe: build.BlockCheckpointing)."""
+        if self.activation_checkpointing == "full":
+            return layers
+        return layers // self.checkpoint_every if self.activation_checkpointing == "selective" else 0
+
+    def last_layer_checkpointed(self, layers: int) -> bool:
+        return self.checkpointed_layers(layers) > 0 and (self.activation_checkpointing == "full"
+                                                         or layers % self.checkpoint_every == 0)
+
+    def describe_checkpointing(self) -> str:
+        """The mode in words, e.g. `selective (1 layer in 2, keeping inputs)`."""
+        if self.activation_checkpointing == "none":
+            return "none"
+        which = "every layer" if self.activation_checkpointing == "full" else f"1 layer in {self.checkpoint_every}"
+        return f"{self.activation_checkpointing} ({which}, keeping {self.checkpoint_keeps})"
 
     @property
     def shard_group(self) -> int:
@@ -69,6 +93,36 @@ def _per_token_layer_bytes(m: ModelShape, b: int) -> int:
     return norms + attention + mlp
 
 
+def _per_token_matmul_bytes(m: ModelShape, b: int) -> int:
+    """Bytes per token of one decoder layer's matmul and attention-kernel outputs: what a layer checkpointed with
+    `keeps: matmuls` saves besides its input (q, k, v, the attention output and its log-sum-exp, o_proj; gate and
+    up, or the plain MLP's first linear, and the down projection; an MoE layer's router and its experts')."""
+    d = m.hidden
+    attention = b * (2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + d) + 4 * m.heads
+    if m.moe_layers:
+        mlp = b * (m.experts + m.experts_per_token * (2 * m.expert_ffn + d) + 2 * m.shared_expert_ffn + d)
+    else:
+        mlp = b * ((2 if m.gated_mlp else 1) * m.ffn + d)
+    return attention + mlp
+
+
+def activation_bytes(m: ModelShape, w: Workload, loss_bytes: float) -> float:
+    """What autograd keeps at the start of the backward pass: every un-checkpointed layer's activations, the input
+    (and kept matmul outputs) of each checkpointed one, the final norm's, and the CPU's dense attention mask. A
+    checkpointed layer's activations exist again while the backward recomputes it; that adds to the peak only for
+    the last layer, recomputed once the loss's backward has freed its logits (an earlier one reuses what the
+    layers after it freed)."""
+    b = 2 if w.bf16 else 4
+    layer = _per_token_layer_bytes(m, b) * w.tokens
+    matmuls = _per_token_matmul_bytes(m, b) * w.tokens if w.checkpoint_keeps == "matmuls" else 0
+    checkpointed = w.checkpointed_layers(m.layers)
+    kept = (m.layers - checkpointed) * layer + checkpointed * (b * m.hidden * w.tokens + matmuls)
+    final_norm = (4 * m.hidden + 2 * b * m.hidden) * w.tokens
+    mask = 0 if w.gpu else w.micro_batch * w.seq_len**2
+    recomputed = max(0, layer - matmuls - loss_bytes) if w.last_layer_checkpointed(m.layers) else 0
+    return kept + final_norm + mask + recomputed
+
+
 def loss_chunk_tokens(m: ModelShape, w: Workload) -> int:
     shifted = w.micro_batch * (w.seq_len - 1)
     return min(shifted, GPU_CHUNK_TOKENS if w.gpu else max(1, CHUNK_ELEMENTS // m.vocab))
@@ -92,15 +146,7 @@ def memory_items(m: ModelShape, w: Workload, runtime_bytes: float | None = None)
 
     chunk = loss_chunk_tokens(m, w)
     items["loss"] = chunk * m.vocab * (12 + (2 if w.bf16 else 0))
-    layer = _per_token_layer_bytes(m, b) * w.tokens
-    final_norm = (4 * m.hidden + 2 * b * m.hidden) * w.tokens
-    mask = 0 if w.gpu else w.micro_batch * w.seq_len**2
-    if w.activation_checkpointing:
-        # Only layer inputs are saved; a layer's activations exist again while it is recomputed in the backward
-        # pass, after the loss's backward has freed its logits.
-        items["activations"] = m.layers * b * m.hidden * w.tokens + final_norm + mask + max(0, layer - items["loss"])
-    else:
-        items["activations"] = m.layers * layer + final_norm + mask
+    items["activations"] = activation_bytes(m, w, items["loss"])
     working = items["unsharded"] + items["loss"] + items["activations"]
     gradients_coexist = w.grad_accum > 1
     allocated = items["parameters"] + items["optimizer"] + (

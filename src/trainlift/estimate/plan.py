@@ -127,6 +127,7 @@ class Estimate:
         return {
             "fits": self.fits, "target": self.target.describe(), "device": "cuda" if self.workload.gpu else "cpu",
             "workers": self.workload.workers,
+            "activation_checkpointing": self.workload.describe_checkpointing(), "compile": self.workload.compiled,
             "mesh": self.mesh.as_dict() if self.mesh else None,
             "per_gpu_gib": {key: round(value / GIB, 3) for key, value in self.items.items()},
             "gpu_gib": round(self.capacity_bytes / GIB, 2) if self.workload.gpu else None,
@@ -172,7 +173,9 @@ def workload_for(job: JobSpec, shape: ModelShape, target: Target) -> Workload:
     return Workload(
         micro_batch=job.train.micro_batch_size, seq_len=job.data.seq_len, grad_accum=job.train.grad_accum,
         activation_checkpointing=job.model.activation_checkpointing, gpu=gpu, bf16=bf16, workers=workers,
-        lora_params=shape.lora_params(lora.r, lora.target_modules) if lora else 0, accum_sync_last=accum_last)
+        lora_params=shape.lora_params(lora.r, lora.target_modules) if lora else 0, accum_sync_last=accum_last,
+        checkpoint_every=job.model.activation_checkpointing_every,
+        checkpoint_keeps=job.model.activation_checkpointing_keeps, compiled=job.train.compile)
 
 
 def _fabric(target: Target, w: Workload) -> tuple[Fabric, assumptions.Figure]:
@@ -182,7 +185,9 @@ def _fabric(target: Target, w: Workload) -> tuple[Fabric, assumptions.Figure]:
     network = 2 * (profile.busbw_floor_gbps or profile.network_gbps / 16)
     within_node = node_link.value if node_link else profile.network_gbps / 8
     shard_busbw = within_node if w.shard_group <= profile.gpus else network
-    mfu, _ = assumptions.mfu(profile.gpu_model)
+    mfu, measured = assumptions.mfu(profile.gpu_model)
+    if w.compiled and not measured:
+        mfu = assumptions.compiled(mfu)
     return Fabric(profile.peak_bf16_flops_per_gpu, mfu.value, shard_busbw, network), mfu
 
 
@@ -215,8 +220,7 @@ def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> lis
     options: list[tuple[str, Target, Workload]] = []
     if w.replicas > 1:
         options.append(("parallel.replicate: 1 (plain FSDP: every worker shards the model)", target, w.but(shard=0)))
-    if not w.activation_checkpointing:
-        options.append(("model.activation_checkpointing: true", target, w.but(activation_checkpointing=True)))
+    options.extend(_checkpointing(shape, target, w))
     if w.micro_batch > 1:
         options.append((f"train.micro_batch_size: 1, train.grad_accum: {w.grad_accum * w.micro_batch} (same batch)",
                         target, w.but(micro_batch=1, grad_accum=w.grad_accum * w.micro_batch)))
@@ -236,11 +240,26 @@ def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> lis
                                                      a.per_gpu_bytes))
 
 
+def _checkpointing(shape: ModelShape, target: Target, w: Workload) -> list[tuple[str, Target, Workload]]:
+    """More activation checkpointing: selective (every `checkpoint_every`-th layer) where it fits, since it
+    recomputes less; else full."""
+    options = []
+    selective = w.but(activation_checkpointing="selective")
+    if w.activation_checkpointing == "none" and selective.checkpointed_layers(shape.layers):
+        options.append((f"model.activation_checkpointing: selective (1 layer in {w.checkpoint_every})", target,
+                        selective))
+        if memory_items(shape, selective)["total"] <= _capacity(target, selective):
+            return options
+    if w.activation_checkpointing != "full":
+        options.append(("model.activation_checkpointing: full", target, w.but(activation_checkpointing="full")))
+    return options
+
+
 def _more_nodes(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[tuple[str, Target, Workload]]:
-    """The fewest nodes, all GPUs used, on which the job fits as it is, and with activation checkpointing."""
+    """The fewest nodes, all GPUs used, on which the job fits as it is, and with full activation checkpointing."""
     found = []
-    for workload, suffix in ((w, ""), (w.but(activation_checkpointing=True), " and activation checkpointing")):
-        if suffix and w.activation_checkpointing:
+    for workload, suffix in ((w, ""), (w.but(activation_checkpointing="full"), " and activation checkpointing")):
+        if suffix and w.activation_checkpointing == "full":
             continue
         for nodes in range(target.nodes + 1, MAX_NODES + 1):
             bigger = target.with_nodes(nodes)

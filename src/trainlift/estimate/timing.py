@@ -2,10 +2,11 @@
 
 FLOPs per token (PaLM appendix B, as torchtitan counts them): 6 per parameter a token goes through (the LM
 head's included, the embedding's lookup not), plus 12·L·H·Q·T for attention; a frozen LoRA base costs 4 per
-weight (no weight gradient); activation checkpointing runs the decoder's forward twice. FSDP moves per
-micro-batch the parameters twice (all-gather in forward and backward) and the gradients once (reduce-scatter,
-fp32 on GPUs) within a shard group; HSDP adds an all-reduce of each gradient shard across the replicas. FSDP
-overlaps them with compute, so a step takes the longer of the two.
+weight (no weight gradient); activation checkpointing runs each checkpointed layer's forward twice (keeping
+matmul outputs, only its elementwise ops, which count no FLOPs here). FSDP moves per micro-batch the parameters
+twice (all-gather in forward and backward) and the gradients once (reduce-scatter, fp32 on GPUs) within a shard
+group; HSDP adds an all-reduce of each gradient shard across the replicas. FSDP overlaps them with compute, so a
+step takes the longer of the two.
 """
 
 from __future__ import annotations
@@ -44,12 +45,20 @@ def model_flops_per_token(m: ModelShape, w: Workload) -> float:
     return 6 * matmul_params + attention
 
 
+def recompute_flops_per_token(m: ModelShape, w: Workload) -> float:
+    """The forward of the checkpointed layers again: all of the decoder's under full checkpointing, 1/N of it
+    checkpointing every Nth layer; none when they keep their matmul outputs."""
+    if w.checkpoint_keeps == "matmuls":
+        return 0.0
+    decoder_forward = 2 * m.active_decoder_params + 4 * m.layers * m.heads * m.head_dim * w.seq_len
+    return decoder_forward * w.checkpointed_layers(m.layers) / m.layers
+
+
 def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
     """What the GPUs execute: the model's FLOPs, the LM head's forward again (the chunked loss recomputes each
-    chunk's logits in backward, train/model/loss.py), and one more decoder forward under activation checkpointing."""
-    recompute = 2 * m.active_decoder_params + 4 * m.layers * m.heads * m.head_dim * w.seq_len
+    chunk's logits in backward, train/model/loss.py), and the checkpointed layers' forward again."""
     head_again = 2 * m.vocab * m.hidden
-    return model_flops_per_token(m, w) + head_again + (recompute if w.activation_checkpointing else 0)
+    return model_flops_per_token(m, w) + head_again + recompute_flops_per_token(m, w)
 
 
 def collective_bytes_per_step(m: ModelShape, w: Workload) -> float:

@@ -94,9 +94,8 @@ def s3_policy(s3: S3Storage, region: str) -> dict[str, Any]:
 
 def job_s3_uses(job: JobSpec) -> list[S3Use]:
     """The S3 URIs a job spec itself writes (run.storage) and reads (data.train, data.eval, model.path)."""
-    candidates = [S3Use("run.storage", job.run.storage, write=True), S3Use("data.train", job.data.train)]
-    if job.data.eval is not None:
-        candidates.append(S3Use("data.eval", job.data.eval))
+    candidates = [S3Use("run.storage", job.run.storage, write=True)]
+    candidates += [S3Use(field, location) for field, location in job.data.locations()]
     if job.model.path is not None:
         candidates.append(S3Use("model.path", job.model.path))
     return [u for u in candidates if u.uri.startswith("s3://")]

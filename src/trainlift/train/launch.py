@@ -45,14 +45,20 @@ def prepare_model(spec: JobSpec) -> None:
 
 
 def prepare_data(spec: JobSpec) -> dict[str, dict]:
-    """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there)."""
+    """Tokenize and pack each split once into the data cache under run.storage (skipped when it is there), and
+    record in <run>/data.json what each split was drawn from (its sources, their weights and examples drawn)."""
     @functools.cache
     def tokenizer():
         from trainlift.train.model.build import load_tokenizer
 
         return load_tokenizer(spec.model)
 
-    return datacache.prepare_splits(spec, tokenizer)
+    keys = datacache.prepare_splits(spec, tokenizer)
+    fs, path = pafs.FileSystem.from_uri(spec.run_uri)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/data.json") as out:
+        out.write(json.dumps(datacache.composition(spec, keys), indent=2, sort_keys=True).encode())
+    return keys
 
 
 def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) -> bool:
@@ -240,7 +246,7 @@ def run_training(
     libraries print goes to the run's driver.log, and onto the console too with `verbose`. A run started with
     another training spec is refused unless `allow_spec_change`."""
     spec = preflight.check(spec)
-    fields = spec_record.training_fields(spec, datasource.fingerprint(datasource.resolve(spec.data.train)))
+    fields = spec_record.training_fields(spec, datasource.fingerprint_of(datacache.splits(spec)["train"].sources))
     changes = spec_record.check(spec, fields, allow_spec_change, trained=has_trained(spec))
     finished = finished_summary(spec)
     if finished is not None:

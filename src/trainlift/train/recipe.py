@@ -2,8 +2,8 @@
 
 One step = `grad_accum` micro-batches of `micro_batch_size` packed rows on each
 worker. The loss is the sum of token losses over the whole global batch divided
-by its trainable-token count, so gradients do not depend on how the batch is
-split across workers. `ray.train.report()` is called only at evaluation and
+by its trainable-token count (DPO: pair losses by the pair count, `loss_for`), so
+gradients do not depend on how the batch is split across workers. `ray.train.report()` is called only at evaluation and
 checkpoint boundaries (it is a cross-worker barrier drained on a 2 s poll);
 per-step metrics go to metrics.jsonl and, at most twice a second, to the driver's progress board.
 Ray is imported only inside the functions that talk to it: building, stepping and exporting need no Ray.
@@ -11,26 +11,67 @@ Ray is imported only inside the functions that talk to it: building, stepping an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
+from trainlift.errors import UsageError
 from trainlift.train.data import cache as datacache, examples as data
-from trainlift.train.model import export, fetch, lora, weights
-from trainlift.train.model.build import (StepFlops, apply_fsdp, attention_implementation, fill_weights, load_tokenizer,
-                                         sharded_config, step_flops)
+from trainlift.train.model import export, fetch, lora, preference_loss, weights
+from trainlift.train.model.build import (BlockCheckpointing, StepFlops, apply_fsdp, attention_implementation,
+                                         fill_weights, load_tokenizer, sharded_config, step_flops)
 from trainlift.train.model.loss import token_loss_sum
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
 
 
+def sft_loss_sum(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    loss = token_loss_sum(model, batch)
+    return loss, loss.new_zeros(0)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a micro-batch's loss is (`train.objective`): `loss(model, batch)` gives the loss summed over the batch
+    and the sums of its `metrics`, both divided by the global batch's sum of `batch[normaliser]` (trainable tokens;
+    DPO: pairs). DPO batches carry their examples' reference log-probs, per split in `references`."""
+
+    loss: Callable[[Any, dict], tuple[torch.Tensor, torch.Tensor]]
+    normaliser: str
+    metrics: tuple[str, ...] = ()
+    pairs: bool = False
+    references: dict[str, np.ndarray] | None = None
+
+    def collate(self, rows: list[dict], indices: list[int], reference: np.ndarray | None = None) -> dict:
+        """`rows` (rows `indices` of a split) as one batch that knows its rows' indices."""
+        batch = {**data.collate(rows), "row_index": torch.as_tensor(indices, dtype=torch.long)}
+        return preference_loss.with_pairs(batch, rows, reference) if self.pairs else batch
+
+    def batch_of(self, packed: data.Packed, indices: list[int], split: str = "train") -> dict:
+        rows = [packed.rows[j] for j in indices]
+        if self.references is None:
+            return self.collate(rows, indices)
+        return self.collate(rows, indices, self.references[split][preference_loss.examples_of_rows(packed, indices)])
+
+
+SFT = Objective(sft_loss_sum, "trainable_tokens")
+
+
+def loss_for(spec: JobSpec) -> Objective:
+    """The one place the objective is chosen; DPO's references are added once scored (`reference_logps`)."""
+    if spec.train.objective == "dpo":
+        return Objective(functools.partial(preference_loss.dpo_loss_sum, dpo=spec.train.dpo), "pairs",
+                         preference_loss.METRICS, pairs=True)
+    return SFT
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -58,13 +99,22 @@ def micro_batches_per_step(spec: JobSpec, world: int) -> int:
     return max(1, -(-spec.train.grad_accum * spec.scaling.max_workers // world))
 
 
-def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, world: int, device) -> list[dict]:
+def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, world: int, device,
+                 objective: Objective = SFT) -> list[dict]:
     """This worker's micro-batches for the step that starts at the global `cursor`."""
     per_micro = spec.train.micro_batch_size * world
     accum = micro_batches_per_step(spec, world)
     indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * accum)
     micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(accum)]
-    return [to_device(data.collate([packed.rows[j] for j in data.rank_slice(m, rank, world)]), device) for m in micro]
+    return [to_device(objective.batch_of(packed, data.rank_slice(m, rank, world)), device) for m in micro]
+
+
+def worker_row_batches(rows: int, rank: int, world: int, micro_batch: int) -> list[list[int]]:
+    """This worker's rows of an evaluated (or scored) split, `micro_batch` at a time; every worker gets as many
+    batches (an empty one where it has run out), because FSDP needs all workers in every forward."""
+    mine = list(range(rank, rows, world))
+    batches = -(-len(range(0, rows, world)) // micro_batch)
+    return [mine[i * micro_batch:(i + 1) * micro_batch] for i in range(batches)]
 
 
 def to_device(batch: dict, device) -> dict:
@@ -83,44 +133,47 @@ def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
 
 
 def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0,
-                         sync_each: bool = True):
-    """Backward over this worker's micro-batches; returns (global mean loss, global [tokens, attended pairs], stop
-    votes) as device tensors, none read back. The stop vote rides on the token-count all-reduce, so asking every rank costs
-    no collective of its own. Without `sync_each`, gradients stay unsharded (fp32) until the last micro-batch
-    reduce-scatters them; with it, each micro-batch reduce-scatters and, under HSDP, only the last all-reduces the
-    summed shards across the replicas (FSDP2 keeps the partial sums in between)."""
-    local = [float(sum(b["trainable_tokens"] for b in batches)), float(sum(b["num_tokens"] for b in batches)),
+                         sync_each: bool = True, objective: Objective = SFT):
+    """Backward over this worker's micro-batches; returns (global mean loss, global [tokens, attended pairs, then
+    the objective's metrics as means], stop votes) as device tensors, none read back. The stop vote rides on the
+    token-count all-reduce, so asking every rank costs no collective of its own. Without `sync_each`, gradients stay
+    unsharded (fp32) until the last micro-batch reduce-scatters them; with it, each micro-batch reduce-scatters and,
+    under HSDP, only the last all-reduces the summed shards across the replicas (FSDP2 keeps the partial sums in
+    between)."""
+    local = [float(sum(b[objective.normaliser] for b in batches)), float(sum(b["num_tokens"] for b in batches)),
              float(sum(b["attended_pairs"] for b in batches)), stop_vote]
-    global_trainable, global_tokens, global_attended, stop_votes = all_reduce_sum(local, device)
-    trainable = global_trainable.clamp(min=1.0)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    global_count, global_tokens, global_attended, stop_votes = all_reduce_sum(local, device)
+    count = global_count.clamp(min=1.0)
+    sums = torch.zeros(1 + len(objective.metrics), dtype=torch.float64, device=device)  # loss, then metrics
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         model.set_requires_gradient_sync(sync_each or last)
         if sync_each:  # HSDP: reduce-scatter within the node every micro-batch, all-reduce across nodes once
             model.set_requires_all_reduce(last)
-        loss = token_loss_sum(model, batch)
+        loss, metric_sums = objective.loss(model, batch)
         # FSDP averages gradients over workers; scale so the result is the global-batch mean.
-        (loss * (world / trainable).to(loss.dtype)).backward()
-        loss_sum += loss.detach().double()
-    return all_reduce_sum(loss_sum, device) / trainable, torch.stack([global_tokens, global_attended]), stop_votes
+        (loss * (world / count).to(loss.dtype)).backward()
+        sums += torch.cat([loss.detach().reshape(1), metric_sums.detach()]).double()
+    means = all_reduce_sum(sums, device) / count
+    return means[0], torch.cat([torch.stack([global_tokens, global_attended]), means[1:]]), stop_votes
 
 
 class StepResult(NamedTuple):
-    """A step's figures over all workers: mean loss, gradient norm, real tokens, Σ s² over packed examples, and
-    whether any worker voted to stop."""
+    """A step's figures over all workers: mean loss, gradient norm, real tokens, Σ s² over packed examples,
+    whether any worker voted to stop, and the objective's metrics by name (DPO's rewards)."""
 
     loss: float
     grad_norm: float
     tokens: float
     attended: float
     stop: bool
+    metrics: dict[str, float] | None = None
 
 
 def queue_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
-               stop_vote: float = 0.0, sync_each: bool = True) -> torch.Tensor:
+               stop_vote: float = 0.0, sync_each: bool = True, objective: Objective = SFT) -> torch.Tensor:
     """One optimizer step, queued on the device; returns its figures as one device tensor, not read back."""
-    loss, counts, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each)
+    loss, counts, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each, objective)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
@@ -129,28 +182,32 @@ def queue_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: 
     return torch.cat([loss.reshape(1), grad_norm.double().reshape(1), counts, stop_votes.reshape(1)])
 
 
-def read_step(figures: torch.Tensor) -> StepResult:
+def read_step(figures: torch.Tensor, metrics: tuple[str, ...] = ()) -> StepResult:
     """The step's figures from the device: its one host sync, once the next step's batches are on their way."""
-    loss, grad_norm, tokens, attended, votes = figures.tolist()
-    return StepResult(loss, grad_norm, tokens, attended, votes > 0)
+    loss, grad_norm, tokens, attended, *values, votes = figures.tolist()
+    return StepResult(loss, grad_norm, tokens, attended, votes > 0, dict(zip(metrics, values)))
 
 
 def train_step(*args, **kwargs) -> StepResult:
     """One optimizer step and its figures (`queue_step`, then `read_step`)."""
-    return read_step(queue_step(*args, **kwargs))
+    return read_step(queue_step(*args, **kwargs), kwargs.get("objective", SFT).metrics)
 
 
 @torch.no_grad()
-def evaluate(model, batches: list[dict | None], dummy: dict, device) -> float:
+def evaluate(model, batches: list[dict | None], dummy: dict, device,
+             objective: Objective = SFT) -> tuple[float, dict[str, float]]:
+    """The eval loss and the objective's metrics (as eval_<name>) over every worker's batches."""
     model.eval()
-    loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    sums, count = torch.zeros(1 + len(objective.metrics), dtype=torch.float64, device=device), 0
     for batch in batches:
         batch = to_device(batch or dummy, device)
-        loss_sum += token_loss_sum(model, batch).detach().double()
-        count += batch["trainable_tokens"]
+        loss, metric_sums = objective.loss(model, batch)
+        sums += torch.cat([loss.reshape(1), metric_sums]).double()
+        count += batch[objective.normaliser]
     model.train()
-    total, tokens = all_reduce_sum(torch.stack([loss_sum, loss_sum.new_tensor(float(count))]), device).tolist()
-    return total / max(tokens, 1.0)
+    total, *values, counted = all_reduce_sum(torch.cat([sums, sums.new_tensor([float(count)])]), device).tolist()
+    counted = max(counted, 1.0)
+    return total / counted, {f"eval_{name}": value / counted for name, value in zip(objective.metrics, values)}
 
 
 def resume(fs, run_path: str, latest: tuple[int, str] | None, model, optimizer, scheduler,
@@ -232,7 +289,8 @@ def build_model(w: Worker, resume_from: str | None = None):
     if w.mesh is None:
         w.mesh = meshes.agree(w.spec, w, model_config, lora.parameter_counts(model)["trainable_params"]
                               if lora_section is not None else 0)
-    model = apply_fsdp(model, w.device, w.bf16, w.spec.model.activation_checkpointing, w.mesh.shape)
+    model = apply_fsdp(model, w.device, w.bf16, BlockCheckpointing.of(w.spec.model), w.mesh.shape,
+                       compile_blocks=w.spec.train.compile)
     if from_checkpoint:  # `resume` fills every weight
         weights.zero_parameters(weights.materialize_shards(model, w.device))
         return model, model_config, fpt
@@ -252,20 +310,62 @@ def build_optimizer(model, w: Worker):
     return optimizer, scheduler
 
 
-class Evaluator:
-    """Eval loss on this worker's slice of the eval split (every rank takes part; `None` without eval data)."""
+DUMMY_ROW = {"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8)), "num_tokens": 0}
 
-    def __init__(self, model, eval_data, w: Worker, log: RunLog):
-        self.model, self.w, self.log = model, w, log
-        self.batches = data.eval_batches(eval_data, w.rank, w.world, w.spec.train.micro_batch_size) if eval_data else []
-        self.dummy = data.collate([{"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8))}])
+
+class Evaluator:
+    """Eval loss, and the objective's metrics (`metrics`, from the last evaluation), on this worker's slice of the
+    eval split (every rank takes part; `None` without eval data)."""
+
+    def __init__(self, model, eval_data, w: Worker, log: RunLog, objective: Objective = SFT):
+        self.model, self.w, self.log, self.objective = model, w, log, objective
+        rows = len(eval_data.rows) if eval_data else 0
+        slices = worker_row_batches(rows, w.rank, w.world, w.spec.train.micro_batch_size) if rows else []
+        self.batches = [objective.batch_of(eval_data, part, "eval") if part else None for part in slices]
+        self.dummy = objective.collate([DUMMY_ROW], [], np.zeros(0) if objective.references else None)
+        self.metrics: dict[str, float] = {}
 
     def __call__(self, at_step: int) -> float | None:
         if not self.batches:
             return None
-        loss = evaluate(self.model, self.batches, self.dummy, self.w.device)
-        self.log.sink.write({"step": at_step, "eval_loss": loss, "time": time.time()})
+        loss, self.metrics = evaluate(self.model, self.batches, self.dummy, self.w.device, self.objective)
+        self.log.sink.write({"step": at_step, "eval_loss": loss, **self.metrics, "time": time.time()})
         return loss
+
+
+def reference_logps(w: Worker, model, objective: Objective, splits: dict[str, data.Packed | None],
+                    data_cache: dict | None, step: int, log: RunLog) -> dict[str, np.ndarray]:
+    """DPO's reference: every example's log-prob under the model as the run started, per split. Read from the run
+    directory where a start of this run stored it (with any worker count), else scored now, each worker a disjoint
+    slice of the rows, summed so that every worker holds all of them, and stored by rank 0. LoRA scores with the
+    adapters off (the base model); a full fine-tune past step 0 no longer has the model it started from."""
+    references = {}
+    for split, packed in splits.items():
+        if packed is None:
+            continue
+        started, examples = time.perf_counter(), preference_loss.example_count(packed)
+        key = ((data_cache or {}).get(split) or {}).get("key", "local")
+        path = preference_loss.reference_path(w.run_path, split, key)
+        stored = preference_loss.read_reference(w.fs, path, examples)
+        scored = all_reduce_sum([float(stored is None)], w.device).item() > 0  # unless every worker read it
+        if scored and step > 0 and w.spec.model.lora is None:
+            raise UsageError(f"{path}: the reference log-probs of run {w.spec.run.name} are gone, and a full "
+                             f"fine-tune at step {step} no longer has the model it started from",
+                             hint="start the run over under another run.name")
+        references[split] = score_reference(w, model, objective, packed, examples) if scored else stored
+        if scored and w.rank == 0:
+            preference_loss.write_reference(w.fs, path, references[split])
+        log.sink.write({"event": "reference", "step": step, "split": split, "examples": examples, "scored": scored,
+                        "seconds": time.perf_counter() - started, "time": time.time()})
+    return references
+
+
+def score_reference(w: Worker, model, objective: Objective, packed: data.Packed, examples: int) -> np.ndarray:
+    slices = worker_row_batches(len(packed.rows), w.rank, w.world, w.spec.train.micro_batch_size)
+    batches = ((to_device(objective.collate([packed.rows[j] for j in rows] or [DUMMY_ROW], rows), w.device),
+                preference_loss.examples_of_rows(packed, rows)) for rows in slices)
+    with model.disable_adapter() if w.spec.model.lora is not None else contextlib.nullcontext():
+        return preference_loss.score_examples(model, batches, examples, w.device)
 
 
 def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor: int, evaluator: Evaluator,
@@ -277,15 +377,16 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
     rows_per_step = w.world * spec.train.micro_batch_size * micro_batches_per_step(spec, w.world)
     every_ckpt, every_eval = spec.checkpoint.every_steps, spec.train.eval_every
     loss, eval_loss = float("nan"), None
-    batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
+    objective = evaluator.objective
+    batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device, objective)
     while step < spec.train.steps:
         t0 = time.perf_counter()
         figures = queue_step(model, optimizer, scheduler, batches, spec.train.max_grad_norm, w.world, w.device,
-                             stop_requests.vote(), sync_every_micro_batch(spec, w.device))
+                             stop_requests.vote(), sync_every_micro_batch(spec, w.device), objective)
         step, cursor = step + 1, cursor + rows_per_step
         if step < spec.train.steps:  # the next step's rows, collated and copied while this step runs
-            batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device)
-        result = read_step(figures)
+            batches = step_batches(train_data, spec, cursor, w.rank, w.world, w.device, objective)
+        result = read_step(figures, objective.metrics)
         loss = result.loss
         stopping = (stop_at is not None and step >= stop_at) or result.stop
         log.stepped(step, result, scheduler.get_last_lr()[0], time.perf_counter() - t0,
@@ -293,6 +394,7 @@ def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor:
         boundary_metrics = {"step": step, "loss": loss}
         if every_eval and step % every_eval == 0 and step < spec.train.steps:
             eval_loss = boundary_metrics["eval_loss"] = evaluator(step)
+            boundary_metrics.update(evaluator.metrics)
             log.sink.flush()
             if not (every_ckpt and step % every_ckpt == 0):
                 import ray.train  # only at a boundary: a run without evaluations or checkpoints needs no Ray
@@ -336,7 +438,8 @@ def train_loop_per_worker(config: dict) -> None:
     train_data, eval_data = datacache.load_splits(spec, tokenizer, w.rank, config.get("data_cache"))
     latest = checkpoint.latest_complete(w.fs, w.run_path)
     model, model_config, fpt = build_model(w, resume_from=latest[1] if latest else None)
-    facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation, "mesh": w.mesh.as_dict()}
+    facts = {**lora.parameter_counts(model), "attention": model.config._attn_implementation, "mesh": w.mesh.as_dict(),
+             "objective": spec.train.objective}
     optimizer, scheduler = build_optimizer(model, w)
     step, cursor, resumed_from = resume(w.fs, w.run_path, latest, model, optimizer, scheduler, w.rank)
     dist.barrier()
@@ -344,8 +447,12 @@ def train_loop_per_worker(config: dict) -> None:
         preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)
 
     log = RunLog(w, config.get("board"), step, fpt)
-    evaluator = Evaluator(model, eval_data, w, log)
     start_row = log.started(step, resumed_from, facts)
+    objective = loss_for(spec)
+    if objective.pairs:
+        objective = replace(objective, references=reference_logps(
+            w, model, objective, {"train": train_data, "eval": eval_data}, config.get("data_cache"), step, log))
+    evaluator = Evaluator(model, eval_data, w, log, objective)
     initial_eval = evaluator(step) if step == 0 else log.sink.recorded_initial_eval()
     log.post(start_row)
     step, loss, last_eval = train(w, model, optimizer, scheduler, train_data, step, cursor, evaluator, log,
@@ -357,6 +464,6 @@ def train_loop_per_worker(config: dict) -> None:
         eval_loss = evaluator(step) if evaluator.batches else eval_loss
         export_run(w, model, model_config, tokenizer())
     log.close({"finished": finished, "steps": step, "final_loss": loss, "initial_eval_loss": initial_eval,
-               "eval_loss": eval_loss,
+               "eval_loss": eval_loss, **(evaluator.metrics if eval_loss is not None else {}),
                **log.throughput(step), "world_size": w.world, "resumed_from": resumed_from, "device": w.device.type,
                "truncated_examples": train_data.truncated, **facts})

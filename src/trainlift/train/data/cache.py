@@ -5,12 +5,16 @@
         meta-00000.npy   int64 [n, 3]: real tokens, index of the first example, number of examples
         manifest.json    written last: the commit marker, with every file's size and sha256
 
-The key is a hash of everything the rows depend on: the data files (datasource.fingerprint), the tokenizer
-(its files), the format, the column mapping, `seq_len`, an example limit and VERSION (raised whenever
-the packed rows of the same input would change). The driver builds the caches before any worker starts
-(`prepare_splits`): it is the one process that must read every row anyway, to reject bad ones with
-`file:row` before Ray starts, and the workers then start straight onto finished arrays instead of waiting
-at a barrier for rank 0. Workers only map the arrays (`load_splits`) and read the rows of their steps, so
+The key is a hash of everything the rows depend on: each source's data (datasource.fingerprint), its config,
+split, revision, format, column mapping and weight, the mixture's seed and size (mixture.py), the tokenizer (its
+files), `seq_len`, an example limit, the objective when it is dpo (pairs are packed whole: preference.py) and VERSION
+(raised whenever the packed rows of the same input would change).
+The manifest also records the composition: per source, what the spec says of it, its fingerprint, its share
+of the weights and how many examples were drawn from it (`composition`).
+
+The driver builds the caches before any worker starts (`prepare_splits`): it is the one process that must read
+every row anyway, to reject bad ones with `file:row` before Ray starts, and the workers then start straight onto
+finished arrays instead of waiting at a barrier for rank 0. Workers only map the arrays (`load_splits`) and read the rows of their steps, so
 their memory does not grow with the data set. Should a cache be missing or fail its checksums when the
 workers open it, rank 0 rebuilds it while the others wait at a barrier.
 
@@ -40,7 +44,8 @@ import pyarrow.fs as pafs
 
 from trainlift.errors import UsageError
 from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
-from trainlift.train.data import examples as data, source as datasource
+from trainlift.train.data import examples as data, preference, source as datasource
+from trainlift.train.data.mixture import Mixture
 
 VERSION = 1
 SHARD_BYTES = 32 << 20
@@ -49,22 +54,27 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class Split:
-    """One cache's input: a data path and everything that shapes its packed rows."""
+    """One cache's input: its data sources and everything else that shapes its packed rows."""
 
-    path: str
-    fmt: str
+    sources: tuple[datasource.SourceSpec, ...]
     seq_len: int
-    columns: tuple[tuple[str, str], ...] = ()
     limit: int | None = None  # at most this many examples, counted before packing
-    field: str = "data.train"
+    seed: int = 0  # with several sources: seeds the draws (mixture.py)
+    mixture_size: int | None = None
+    objective: str = "sft"  # dpo: whole preference pairs per row (preference.py)
+
+    def mixture(self) -> Mixture:
+        return Mixture(self.sources, self.seed, self.mixture_size, self.limit)
 
 
 def splits(spec) -> dict[str, Split]:
-    columns = tuple(sorted((spec.data.columns or {}).items()))
-    out = {"train": Split(spec.data.train, spec.data.format, spec.data.seq_len, columns)}
-    if spec.data.eval:
-        out["eval"] = Split(spec.data.eval, spec.data.format, spec.data.seq_len, columns,
-                            spec.data.eval_examples, "data.eval")
+    data = spec.data
+    train = datasource.specs_of(data.train, data.format, data.columns, "data.train")
+    out = {"train": Split(train, data.seq_len, None, spec.train.seed, data.mixture_size, spec.train.objective)}
+    if data.eval:
+        evaluation = datasource.specs_of(data.eval, data.format, data.columns, "data.eval")
+        out["eval"] = Split(evaluation, data.seq_len, data.eval_examples, spec.train.seed,
+                            objective=spec.train.objective)
     return out
 
 
@@ -104,9 +114,12 @@ def tokenizer_source(spec) -> str | None:
 
 
 def cache_key(split: Split, tokenizer_hash: str) -> str:
-    files = datasource.resolve(split.path, split.field)
-    parts = {"version": VERSION, "data": datasource.fingerprint(files), "tokenizer": tokenizer_hash,
-             "format": split.fmt, "columns": list(split.columns), "seq_len": split.seq_len, "limit": split.limit}
+    mixed = len(split.sources) > 1  # one source's weight, and the seed of its draws, change nothing
+    sources = [{**s.choices(), "data": datasource.fingerprint(s.files()), "weight": s.weight if mixed else None}
+               for s in split.sources]
+    parts = {"version": VERSION, "sources": sources, "tokenizer": tokenizer_hash, "seq_len": split.seq_len,
+             "limit": split.limit, "seed": split.seed if mixed else None, "mixture_size": split.mixture_size,
+             **({"objective": split.objective} if split.objective != "sft" else {})}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -132,9 +145,10 @@ def _write_shards(split: Split, tokenizer, out: str) -> dict:
             files[name] = {"bytes": os.path.getsize(os.path.join(out, name)), "sha256": _sha256(os.path.join(out, name))}
         shard_rows.append(filled)
 
-    records = data.records(split.path, split.fmt, dict(split.columns), split.limit, split.field)
-    examples = data.examples_of(records, split.fmt, tokenizer)
-    for row, members, row_truncated in data.pack_stream(examples, split.seq_len, data.pad_id_of(tokenizer)):
+    mixture = split.mixture()
+    packed = preference.packed_rows(mixture, tokenizer, split.seq_len) if split.objective == "dpo" else \
+        data.pack_stream(data.typed_examples(mixture, tokenizer), split.seq_len, data.pad_id_of(tokenizer))
+    for row, members, row_truncated in packed:
         if filled == rows_per_shard:
             flush()
             filled = 0
@@ -144,7 +158,7 @@ def _write_shards(split: Split, tokenizer, out: str) -> dict:
         truncated, tokens = truncated + row_truncated, tokens + row["num_tokens"]
     flush()
     return {"version": VERSION, "seq_len": split.seq_len, "rows": total, "shard_rows": shard_rows,
-            "truncated": truncated, "tokens": tokens, "files": files}
+            "truncated": truncated, "tokens": tokens, "files": files, "sources": mixture.composition()}
 
 
 def build(fs: pafs.FileSystem, root: str, key: str, split: Split, tokenizer) -> dict:
@@ -335,6 +349,17 @@ def prepare_splits(spec, get_tokenizer: Callable[[], Any]) -> dict[str, dict]:
     for name, split in splits(spec).items():
         key = cache_key(split, tokenizer_hash)
         out[name] = {"key": key, "built": ensure(fs, root, key, split, get_tokenizer)}
+    return out
+
+
+def composition(spec, keys: dict[str, dict]) -> dict[str, list[dict]]:
+    """Per split (`keys` from `prepare_splits`): its sources as its cache's manifest records them (what the spec
+    says of each, its fingerprint, its share of the weights, the examples drawn from it), for the run's record."""
+    fs, root = root_of(spec.run.storage)
+    out = {}
+    for name, entry in keys.items():
+        manifest = read_manifest(fs, f"{root}/{entry['key']}", entry["key"])
+        out[name] = manifest["sources"] if manifest is not None else []
     return out
 
 

@@ -1,6 +1,7 @@
 """Read, format, tokenize, mask, pack and shard the training data.
 
-Formats (rows of a JSONL/JSON/Parquet/CSV file, see datasource.py; `data.columns` renames the keys):
+Rows come from files or `datasets` sources (source.py, hub.py), several of them mixed by weight (mixture.py),
+in a format (formats.py: alpaca and sharegpt rows become messages) that reaches the tokenizer as one of:
   messages           {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}]}
   prompt_completion  {"prompt": ..., "completion": ...}
   text               {"text": ...}
@@ -20,7 +21,6 @@ global cursor — how many packs have been consumed — is the whole data positi
 from __future__ import annotations
 
 import functools
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +30,13 @@ import numpy as np
 
 from trainlift.errors import UsageError
 from trainlift.train.data import source as datasource
+from trainlift.train.data.formats import check_row
+from trainlift.train.data.mixture import Mixture
 
 if TYPE_CHECKING:
     import torch
 
 IGNORE = -100
-REQUIRED_KEYS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
 
 
 @dataclass
@@ -61,23 +62,6 @@ def read_jsonl(path: str | Path, fmt: str, field: str = "--data") -> list[dict[s
     if not rows:
         raise UsageError(f"{path}: no examples in the file")
     return rows
-
-
-def check_row(row: Any, fmt: str, where: str) -> None:
-    missing = [k for k in REQUIRED_KEYS[fmt] if not isinstance(row, dict) or k not in row]
-    if missing:
-        raise UsageError(f"{where}: missing {', '.join(missing)!s} for data.format={fmt}")
-    if fmt != "messages":
-        for key in REQUIRED_KEYS[fmt]:
-            if not isinstance(row[key], str):
-                raise UsageError(f"{where}: {key} must be text (got {type(row[key]).__name__})")
-    else:
-        msgs = row["messages"]
-        if not isinstance(msgs, list) or not all(
-                isinstance(m, dict) and {"role", "content"} <= m.keys() and isinstance(m["content"], str) for m in msgs):
-            raise UsageError(f"{where}: messages must be a list of {{role, content}} objects with text content")
-        if not any(m["role"] == "assistant" for m in msgs):
-            raise UsageError(f"{where}: no assistant message to learn from")
 
 
 def _simple_chat_segments(messages: list[dict], eos: str) -> list[tuple[str, bool]]:
@@ -123,17 +107,23 @@ def segments_of(row: dict, fmt: str, tokenizer) -> list[tuple[str, bool]]:
         return _simple_chat_segments(row["messages"], eos)
     if fmt == "prompt_completion":
         return [(row["prompt"], False), (row["completion"] + eos, True)]
+    if fmt == "preference":
+        raise UsageError("data.format=preference: prompt, chosen and rejected rows train with a preference "
+                         "objective, not next-token fine-tuning",
+                         hint="give messages, alpaca, sharegpt, prompt_completion or text rows")
     return [(row["text"] + eos, True)]
 
 
-def to_examples(rows: list[dict], fmt: str, tokenizer) -> list[Example]:
-    """Tokenized, masked examples; every segment of every row goes to the tokenizer in one batch call."""
-    segments = [segments_of(row, fmt, tokenizer) for row in rows]
+def to_examples(rows: list[dict], fmt: str | Sequence[str], tokenizer) -> list[Example]:
+    """Tokenized, masked examples; every segment of every row goes to the tokenizer in one batch call. `fmt`: the
+    rows' format, or each row's (as tokenized: messages, prompt_completion or text)."""
+    fmts = [fmt] * len(rows) if isinstance(fmt, str) else list(fmt)
+    segments = [segments_of(row, row_fmt, tokenizer) for row, row_fmt in zip(rows, fmts)]
     texts = [text for row_segments in segments for text, _ in row_segments]
     pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
-    with_bos = tokenizer.bos_token_id is not None and not (fmt == "messages" and tokenizer.chat_template)
     examples = []
-    for row_segments in segments:
+    for row_segments, row_fmt in zip(segments, fmts):
+        with_bos = tokenizer.bos_token_id is not None and not (row_fmt == "messages" and tokenizer.chat_template)
         ids, labels = ([tokenizer.bos_token_id], [IGNORE]) if with_bos else ([], [])
         for _, trained in row_segments:
             piece = next(pieces)
@@ -149,14 +139,19 @@ def to_example(row: dict, fmt: str, tokenizer) -> Example:
 
 def examples_of(rows: Iterable[dict], fmt: str, tokenizer, batch: int = 1024) -> Iterator[Example]:
     """`to_examples` over a stream of rows, `batch` rows at a time."""
-    chunk: list[dict] = []
-    for row in rows:
-        chunk.append(row)
+    return typed_examples(((fmt, row) for row in rows), tokenizer, batch)
+
+
+def typed_examples(typed_rows: Iterable[tuple[str, dict]], tokenizer, batch: int = 1024) -> Iterator[Example]:
+    """`to_examples` over a stream of (format, row), as a `Mixture` yields them, `batch` rows at a time."""
+    chunk: list[tuple[str, dict]] = []
+    for item in typed_rows:
+        chunk.append(item)
         if len(chunk) == batch:
-            yield from to_examples(chunk, fmt, tokenizer)
+            yield from to_examples([row for _, row in chunk], [fmt for fmt, _ in chunk], tokenizer)
             chunk = []
     if chunk:
-        yield from to_examples(chunk, fmt, tokenizer)
+        yield from to_examples([row for _, row in chunk], [fmt for fmt, _ in chunk], tokenizer)
 
 
 def pack_stream(examples: Iterable[Example], seq_len: int, pad_id: int) -> Iterator[tuple[dict, list[int], int]]:
@@ -201,24 +196,17 @@ def pack(examples: Iterable[Example], seq_len: int, pad_id: int) -> Packed:
     return Packed(rows, members, truncated, sum(r["num_tokens"] for r in rows))
 
 
-def records(spec_path: str, fmt: str, columns: dict[str, str] | None = None, limit: int | None = None,
-            field: str = "data.train") -> Iterator[dict]:
-    """Checked rows of a data path under the format's key names; errors name file:row."""
-    n = 0
-    for where, row in datasource.iter_rows(datasource.resolve(spec_path, field)):
-        if limit is not None and n >= limit:
-            return
-        row = datasource.rename(row, columns or {})
-        if fmt == "messages" and isinstance(row, dict) and isinstance(row.get("messages"), str):
-            try:  # a CSV cell holds a conversation as JSON text
-                row["messages"] = json.loads(row["messages"])
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{where}: messages is not valid JSON ({exc.msg})") from None
-        check_row(row, fmt, where)
-        n += 1
-        yield row
-    if n == 0:
-        raise UsageError(f"{field}: no examples in {spec_path}")
+def mixture(data_spec: Any, fmt: str = "auto", columns: dict[str, str] | None = None, limit: int | None = None,
+            field: str = "data.train", seed: int = 0, size: int | None = None) -> Mixture:
+    """The example stream of a `data.train`/`data.eval` value (a location, a source mapping, or a list to mix);
+    `fmt` and `columns` are the defaults of sources that set none; see mixture.py for `seed` and `size`."""
+    return Mixture(datasource.specs_of(data_spec, fmt, columns, field), seed, size, limit)
+
+
+def records(data_spec: Any, fmt: str = "auto", columns: dict[str, str] | None = None, limit: int | None = None,
+            field: str = "data.train", seed: int = 0, size: int | None = None) -> Iterator[dict]:
+    """Checked rows of a data value, each in the format it is tokenized as; errors name file:row."""
+    return (row for _, row in mixture(data_spec, fmt, columns, limit, field, seed, size))
 
 
 def pad_id_of(tokenizer) -> int:
@@ -226,10 +214,11 @@ def pad_id_of(tokenizer) -> int:
     return pad_id or 0
 
 
-def prepare(path: str, fmt: str, tokenizer, seq_len: int, columns: dict[str, str] | None = None,
-            limit: int | None = None) -> Packed:
-    """Every row of `path` (at most `limit` examples), tokenized and packed, held in memory."""
-    return pack(examples_of(records(path, fmt, columns, limit), fmt, tokenizer), seq_len, pad_id_of(tokenizer))
+def prepare(data_spec: Any, fmt: str, tokenizer, seq_len: int, columns: dict[str, str] | None = None,
+            limit: int | None = None, seed: int = 0, size: int | None = None) -> Packed:
+    """Every example of a data value (at most `limit`), tokenized and packed, held in memory."""
+    stream = mixture(data_spec, fmt, columns, limit, seed=seed, size=size)
+    return pack(typed_examples(stream, tokenizer), seq_len, pad_id_of(tokenizer))
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

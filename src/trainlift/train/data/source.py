@@ -7,6 +7,11 @@ A `.json` file holds either JSON Lines or one top-level array of objects.
 
 Every row carries where it came from: `file:line` for JSON Lines and CSV (the header is line 1; a quoted
 field spanning lines shifts the count), `file:row N` for Parquet and JSON arrays (1-based).
+
+A location may also hold a dataset of the Hugging Face `datasets` ecosystem (hub.py): a directory saved by
+`save_to_disk`, one in the hub's layout, or `hf://datasets/<org>/<name>`; its rows are `<location>:row N`.
+A `SourceSpec` is one location with what chooses within it (config, split, revision) and how its rows read
+(format, column mapping), and its weight in a mixture (mixture.py).
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import json
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pyarrow.fs as pafs
 
 from trainlift.errors import UsageError
+from trainlift.train.data import formats, hub
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-KEYS = ("messages", "prompt", "completion", "text")  # what data.columns may rename
+KEYS = formats.COLUMN_KEYS  # what data.columns may rename
 BATCH_ROWS = 4096
 
 
@@ -35,6 +41,7 @@ class DataFile:
     uri: str  # as the user would write it: a local path or s3://bucket/key
     size: int
     mtime_ns: int
+    dataset: bool = False  # a file of a `datasets` source: read through `datasets`, never on its own
 
     @property
     def suffix(self) -> str:
@@ -52,8 +59,13 @@ def _uri(scheme: str, path: str) -> str:
     return f"{scheme}://{path}" if scheme else path
 
 
-def resolve(spec_path: str, field: str = "data.train") -> list[DataFile]:
-    """The data files a `data.train`/`data.eval` value names, sorted by path."""
+def resolve(spec_path: str, field: str = "data.train", config: str | None = None, split: str | None = None,
+            revision: str | None = None) -> list[DataFile]:
+    """The data files a `data.train`/`data.eval` location names, sorted by path; for a `datasets` source, the files
+    that identify it (hub.py), marked `dataset`."""
+    if kind := hub.kind_of(spec_path, config, split, field):
+        return [DataFile(uri, size, mtime, dataset=True)
+                for uri, size, mtime in hub.files(kind, spec_path, split, revision, field)]
     scheme = spec_path.split("://", 1)[0] if "://" in spec_path else ""
     try:
         fs, path = pafs.FileSystem.from_uri(spec_path) if scheme else (pafs.LocalFileSystem(), str(Path(spec_path)))
@@ -101,25 +113,94 @@ def _fingerprint(files: tuple[DataFile, ...]) -> str:
 
 
 def required_columns(fmt: str, columns: dict[str, str]) -> list[str]:
-    keys = {"messages": ["messages"], "prompt_completion": ["prompt", "completion"], "text": ["text"]}[fmt]
-    return [columns.get(k, k) for k in keys]
+    return [columns.get(k, k) for k in formats.FORMAT_KEYS[fmt]]
 
 
-def check_schema(files: list[DataFile], fmt: str, columns: dict[str, str]) -> None:
-    """Columnar files name their columns up front: a missing one fails before anything is read."""
+def check_schema(files: list[DataFile], fmt: str, columns: dict[str, str], field: str = "data.train") -> None:
+    """Columnar files name their columns up front: a missing one, or (auto) columns that fit no one format, fail
+    before anything is read."""
     import pyarrow.parquet as pq
 
-    need = required_columns(fmt, columns)
     for f in files:
-        if f.suffix != ".parquet":
+        if f.suffix != ".parquet" or f.dataset:
             continue
         fs, path = f.filesystem()
         with fs.open_input_file(path) as fh:
             names = pq.ParquetFile(fh).schema_arrow.names
-        missing = [c for c in need if c not in names]
+        file_fmt = formats.detect(list(rename(dict.fromkeys(names), columns)), field) if fmt == "auto" else fmt
+        missing = [c for c in required_columns(file_fmt, columns) if c not in names]
         if missing:
-            raise UsageError(f"{f.uri}: no column {', '.join(missing)} for data.format={fmt} (columns: {', '.join(names)})",
-                             hint="rename with data.columns, e.g. data.columns.prompt=question")
+            raise UsageError(f"{f.uri}: no column {', '.join(missing)} for data.format={file_fmt} "
+                             f"(columns: {', '.join(names)})", hint="rename with data.columns, e.g. data.columns.prompt=question")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of rows: a location (as `data.train`/`data.eval` take it) and how to read it."""
+
+    location: str
+    fmt: str = "auto"
+    columns: tuple[tuple[str, str], ...] = ()
+    config: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    weight: float = 1.0
+    field: str = "data.train"  # the spec field it came from, for errors: data.train, data.train[1], data.eval
+
+    def files(self) -> list[DataFile]:
+        return resolve(self.location, self.field, self.config, self.split, self.revision)
+
+    def describe(self) -> dict[str, Any]:
+        """What the spec says of this source, for the data's record."""
+        return {"source": self.location, **self.choices()}
+
+    def choices(self) -> dict[str, Any]:
+        """What chooses within the data and how it reads: with its fingerprint (where the data is not: the same
+        rows at another path are the same data), what keys its cache."""
+        return {"config": self.config, "split": self.split, "revision": self.revision, "format": self.fmt,
+                "columns": [list(pair) for pair in self.columns]}
+
+
+def specs_of(value: Any, fmt: str = "auto", columns: dict[str, str] | None = None,
+             field: str = "data.train") -> tuple[SourceSpec, ...]:
+    """The sources a `data.train`/`data.eval` value names: a location, a mapping (the spec's `DataSource`, with
+    `source` and its options), a `SourceSpec`, or a list of them (entries named `field[i]`); `fmt` and `columns`
+    are the section's, for entries that set none."""
+    if isinstance(value, (list, tuple)):
+        return tuple(s for i, entry in enumerate(value) for s in specs_of(entry, fmt, columns, f"{field}[{i}]"))
+    if isinstance(value, SourceSpec):
+        return (value,)
+    if isinstance(value, str):
+        return (SourceSpec(value, fmt, tuple(sorted((columns or {}).items())), field=field),)
+    own_columns = getattr(value, "columns", None)
+    return (SourceSpec(value.source, getattr(value, "format", None) or fmt,
+                       tuple(sorted((own_columns if own_columns is not None else columns or {}).items())),
+                       value.config, value.split, value.revision, value.weight, field),)
+
+
+def rows_of(source: SourceSpec) -> Iterator[tuple[str, Any]]:
+    """(where, row) for every row of one source, in order."""
+    kind = hub.kind_of(source.location, source.config, source.split, source.field)
+    if kind is None:
+        return iter_rows(resolve(source.location, source.field))
+    return hub.rows(kind, source.location, source.config, source.split, source.revision, source.field)
+
+
+def fingerprint_of(sources: Sequence[SourceSpec]) -> str:
+    """What identifies the data of one split: one location's `fingerprint` when nothing chooses within it (as
+    before sources had options), else a hash of every source's fingerprint, options, format and weight."""
+    only = sources[0]
+    if len(sources) == 1 and (only.config, only.split, only.revision) == (None, None, None):
+        return fingerprint(only.files())
+    parts = [{**s.choices(), "data": fingerprint(s.files()), "weight": s.weight} for s in sources]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def check_schemas(sources: Sequence[SourceSpec]) -> None:
+    """`check_schema` for each source of files (a `datasets` source is checked as its rows are read)."""
+    for source in sources:
+        if hub.kind_of(source.location, source.config, source.split, source.field) is None:
+            check_schema(resolve(source.location, source.field), source.fmt, dict(source.columns), source.field)
 
 
 def rename(row: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from trainlift.train.model import fetch, kernels, weights
@@ -96,9 +100,10 @@ def max_positions(config: PretrainedConfig) -> int | None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks, found by the class names the model itself declares unsplittable."""
+    """The repeated blocks, found by the class names the model itself declares unsplittable; also once sharded
+    (`fully_shard` makes each block an instance of a subclass of its class)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
 def device_mesh(device: torch.device, mesh_shape: tuple[int, int] | None = None):
@@ -110,19 +115,105 @@ def device_mesh(device: torch.device, mesh_shape: tuple[int, int] | None = None)
     return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool, activation_checkpointing: bool,
-               mesh_shape: tuple[int, int] | None = None):
-    """Shard every decoder layer, then the root, over `device_mesh(device, mesh_shape)`, and leave the model in
-    train mode. bf16 compute with fp32 gradient reduction on GPU. `fully_shard` moves one layer at a time to the
-    mesh's device (none on meta)."""
-    # from_pretrained returns eval mode, and HF checkpoints activations (and applies dropout) only in train mode.
+@dataclass(frozen=True)
+class BlockCheckpointing:
+    """Which decoder blocks recompute their activations in the backward pass, and what a checkpointed block keeps
+    for it (model.activation_checkpointing, _every, _keeps): `mode` none, full (every block) or selective (the
+    `every`-th, 2·`every`-th, ... block); `keeps` inputs (the whole block runs again) or matmuls (only its
+    elementwise ops run again)."""
+
+    mode: str = "none"
+    every: int = 2
+    keeps: str = "inputs"
+
+    @classmethod
+    def of(cls, model_spec) -> "BlockCheckpointing":
+        return cls(model_spec.activation_checkpointing, model_spec.activation_checkpointing_every,
+                   model_spec.activation_checkpointing_keeps)
+
+    def covers(self, index: int) -> bool:
+        """Whether the block at 0-based `index` is checkpointed."""
+        return self.mode == "full" or (self.mode == "selective" and (index + 1) % self.every == 0)
+
+
+# What `keeps: matmuls` saves: the outputs of the ops that cost FLOPs (matrix multiplications and attention kernels,
+# by the names torch dispatches them under); everything else in the block is recomputed.
+MATMUL_OPS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention", "flash_attn::_flash_attn_forward",
+    "flash_attn::_flash_attn_varlen_forward", "flex_attention"})
+
+
+def _save_matmul_outputs(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op.name() in MATMUL_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_KEEP_MATMULS = partial(create_selective_checkpoint_contexts, _save_matmul_outputs)
+
+
+def _checkpoint_keeping_matmuls(block: torch.nn.Module, *args, **kwargs):
+    """The block's forward, checkpointed with its matmul outputs kept. A function of the block (not a closure over
+    it), so that one compiled graph serves every block."""
+    return checkpoint(type(block).forward, block, *args, use_reentrant=False, context_fn=_KEEP_MATMULS, **kwargs)
+
+
+def _compiled(forward, around_checkpoint: bool = False):
+    compiled = torch.compile(forward)
+    if not around_checkpoint:
+        return compiled
+
+    def run(*args, **kwargs):
+        # Dynamo traces a checkpoint only if its forward has no side effects it would have to replay when the
+        # backward recomputes it, unless told it may skip them. HF's attention sets and resets a context variable
+        # (the `kernels` package's forward wrapper): a pair that leaves nothing to replay.
+        option = "skip_fwd_side_effects_in_bwd_under_checkpoint"  # not in every torch the floor allows
+        with torch._dynamo.config.patch(**{option: True}) if hasattr(torch._dynamo.config, option) else nullcontext():
+            return compiled(*args, **kwargs)
+
+    return run
+
+
+def prepare_block(block: torch.nn.Module, keeps: str | None, compile_block: bool) -> None:
+    """Make the block's forward checkpointed (keeping `keeps`; None: not checkpointed) and/or compiled, in place:
+    its parameters keep their names, so weights, LoRA adapters and checkpoints find them as before. Call before
+    `fully_shard`, whose hooks then run eagerly around it. Compiling traces each distinct block once; without
+    fullgraph, a block that traces whole is one graph and one with a graph break (flash-attn's variable-length
+    set-up reads lengths from the position ids) runs in pieces instead of failing."""
+    if keeps is None and not compile_block:
+        return
+    if keeps == "matmuls":  # compiled around the checkpoint: the compiler sees which outputs to keep
+        forward = MethodType(_checkpoint_keeping_matmuls, block)
+        block.forward = _compiled(forward, around_checkpoint=True) if compile_block else forward
+    else:
+        forward = _compiled(block.forward) if compile_block else block.forward
+        # around the compiled code, so that a graph break inside does not undo compiling
+        block.forward = partial(checkpoint, forward, use_reentrant=False) if keeps == "inputs" else forward
+    if keeps is not None:
+        block.checkpoint_keeps = keeps
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[int]:
+    """The 0-based indices of the decoder layers `prepare_block` checkpointed."""
+    return [i for i, layer in enumerate(decoder_layers(model)) if getattr(layer, "checkpoint_keeps", None)]
+
+
+def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool,
+               activation_checkpointing: BlockCheckpointing | bool, mesh_shape: tuple[int, int] | None = None,
+               compile_blocks: bool = False):
+    """Checkpoint and compile the decoder layers as asked (True: every layer, keeping its inputs), shard each,
+    then the root, over `device_mesh(device, mesh_shape)`, and leave the model in train mode. bf16 compute with
+    fp32 gradient reduction on GPU. `fully_shard` moves one layer at a time to the mesh's device (none on meta)."""
+    # from_pretrained returns eval mode, and dropout applies only in train mode.
     model.train()
-    if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if isinstance(activation_checkpointing, bool):
+        activation_checkpointing = BlockCheckpointing("full" if activation_checkpointing else "none")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     mesh = device_mesh(device, mesh_shape)
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
+        checkpointed = activation_checkpointing.covers(i)
+        prepare_block(layer, activation_checkpointing.keeps if checkpointed else None, compile_blocks)
         # The last block's backward comes right after its forward: resharding it would gather it again at once.
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(layers) - 1)
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()

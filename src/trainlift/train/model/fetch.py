@@ -1,45 +1,34 @@
 """The model's files on this node's disk: `model.path` as a local directory, a hub id or `s3://bucket/prefix`.
 
-A hub or S3 model is fetched once per node, not once per rank: the first process to get the cache directory's
-file lock downloads, the others on the node wait on the lock and then read what it left. Only the files the model
-needs are fetched: the weight files that `model.safetensors.index.json` names (else `model.safetensors`), the
-config, generation config and tokenizer files; other `*.safetensors` under the prefix are not read.
-
-The cache is `<root>/models/<name of the path>`: the root is the node-local staging directory that the rendered
-worker pods mount (TRAINLIFT_STAGING_DIR), else this user's `trainlift-<uid>` in the system's temporary directory;
-TRAINLIFT_MODEL_CACHE names the cache directory itself. The `models` directory trainlift picks is this user's alone
-(private_dir.py): one another user owns or may write is refused, not read. A download goes to `<name>.partial`
-and is renamed into place once every file is whole, with a marker in it, so a download that was cut off is never
-taken for a complete one (the next caller starts over).
-The driver fetches the config and tokenizer alone (`weights=False`, into `<name>.config`).
+A hub or S3 model is fetched once per node into `<root>/models/<name of the path>` (hub_fetch.py: the file lock,
+the private cache directory, the `.partial` download renamed into place with its marker);
+TRAINLIFT_MODEL_CACHE names the cache directory itself. Only the files the model needs are fetched: the weight
+files that `model.safetensors.index.json` names (else `model.safetensors`), the config, generation config and
+tokenizer files; other `*.safetensors` under the prefix are not read. The driver fetches the config and tokenizer
+alone (`weights=False`, into `<name>.config`).
 
 Imports neither torch nor transformers: the driver uses it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from fnmatch import fnmatch
 from pathlib import Path
 
+from trainlift import hub_fetch
 from trainlift.errors import UsageError
-from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
+from trainlift.hub_fetch import MARKER, STAGING_ENV, cache_name, is_complete, node_cache
 
-# Where a worker stages checkpoints before their upload, and keeps this cache: the rendered worker pods mount the
-# node's local NVMe there; elsewhere it is the system's temporary directory.
-STAGING_ENV = "TRAINLIFT_STAGING_DIR"
 CACHE_ENV = "TRAINLIFT_MODEL_CACHE"
 INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # The config, generation config and tokenizer files (fnmatch patterns, as huggingface_hub's allow_patterns).
 METADATA_FILES = ("config.json", "generation_config.json", "tokenizer*.json", "special_tokens_map.json",
                   "added_tokens.json", "*.model", "*.tiktoken", "vocab.*", "merges.txt", "chat_template.*")
-MARKER = ".trainlift-complete"
 _CHUNK = 64 << 20
 
 
@@ -58,23 +47,7 @@ def staging_root() -> str:
 
 def cache_root() -> Path:
     """TRAINLIFT_MODEL_CACHE as given, else `models` under the staging directory or this user's temporary one."""
-    if root := os.environ.get(CACHE_ENV):
-        return Path(root)
-    if staging := os.environ.get(STAGING_ENV):
-        return private_dir(Path(staging) / "models", elsewhere=f"point {STAGING_ENV} or {CACHE_ENV} elsewhere")
-    return private_dir(user_temp_dir() / "models", elsewhere=f"{TMPDIR_FIX}, or set {CACHE_ENV}")
-
-
-def cache_name(path: str, revision: str | None = None) -> str:
-    """Readable and unique: the path's characters that are safe in a file name, and a hash of the whole path and
-    the revision (each commit of a hub model is a cache of its own)."""
-    path = f"{path}@{revision}" if revision else path
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "--", path.split("://", 1)[-1].strip("/")).strip("-.")[:80]
-    return f"{readable}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
-
-
-def is_complete(directory: Path) -> bool:
-    return (directory / MARKER).is_file()
+    return node_cache("models", CACHE_ENV)
 
 
 def model_dir(path: str, weights: bool = True, revision: str | None = None) -> Path:
@@ -101,22 +74,10 @@ def cached_dir(path: str, revision: str | None = None) -> Path | None:
 
 def fetch_once(path: str, target: Path, weights: bool, revision: str | None = None) -> Path:
     """`target`, downloaded by this process unless another one on the node did it (or is doing it: wait)."""
-    from filelock import FileLock
+    def download(partial: Path) -> list[str]:
+        return download_s3(path, partial, weights) if is_s3(path) else download_hub(path, partial, weights, revision)
 
-    if is_complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if is_complete(target):  # another process finished it while this one waited
-            return target
-        partial = target.with_name(target.name + ".partial")
-        for leftover in (partial, target):  # a cut-off download, or a directory without the marker
-            shutil.rmtree(leftover, ignore_errors=True)
-        partial.mkdir()
-        files = download_s3(path, partial, weights) if is_s3(path) else download_hub(path, partial, weights, revision)
-        (partial / MARKER).write_text(json.dumps({"source": path, "revision": revision, "files": files}))
-        os.replace(partial, target)
-    return target
+    return hub_fetch.fetch_once(target, download, {"source": path, "revision": revision})
 
 
 def weight_files(directory: Path) -> list[str]:

@@ -107,7 +107,7 @@ def state_bytes(config, spec, gpu: bool, bf16: bool, lora_params: int = 0) -> fl
     except SpecError:
         return None
     work = Workload(micro_batch=spec.train.micro_batch_size, seq_len=spec.data.seq_len, grad_accum=1,
-                    activation_checkpointing=False, gpu=gpu, bf16=bf16, workers=1, lora_params=lora_params)
+                    activation_checkpointing="none", gpu=gpu, bf16=bf16, workers=1, lora_params=lora_params)
     return float(model_state_bytes(shape, work))
 
 

@@ -16,7 +16,7 @@ from trainlift.doctor.nccl_log import classify_log_text
 from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
 from trainlift.errors import UsageError
-from trainlift.train.data import source as datasource
+from trainlift.train.data import cache as datacache, source as datasource
 from trainlift.train.model import fetch
 from trainlift.train.run import mesh, trackers
 
@@ -39,8 +39,7 @@ def resolve_paths(spec: JobSpec) -> JobSpec:
     model.tokenizer = _local_if_exists(model.tokenizer)
     if isinstance(model.config, str):
         model.config = _local(model.config)
-    resolved.data.train = _local(spec.data.train)
-    resolved.data.eval = _local(spec.data.eval)
+    resolved.data = spec.data.with_locations(_local)
     resolved.run.storage = _local(spec.run.storage)
     return resolved
 
@@ -130,9 +129,8 @@ def check(spec: JobSpec) -> JobSpec:
     clear error. Data files exist and have the format's columns (their rows are checked as the data cache is
     built), seq_len fits the model, LoRA fits it, trackers are installed and reachable, storage is writable."""
     spec = resolve_paths(spec)
-    for name, path in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
-        if path is not None:
-            datasource.check_schema(datasource.resolve(path, name), spec.data.format, spec.data.columns)
+    for split in datacache.splits(spec).values():
+        datasource.check_schemas(split.sources)
     limit = max_positions(spec)
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",

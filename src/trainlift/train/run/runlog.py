@@ -42,7 +42,8 @@ class RunLog:
             self.timed_flops += tokens * fpt
         row = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "world": self.w.world,
                "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time, "flops_per_token": fpt,
-               "mfu": metrics.mfu(tokens / step_time / self.w.world, fpt, self.peak), "time": time.time()}
+               "mfu": metrics.mfu(tokens / step_time / self.w.world, fpt, self.peak), **(result.metrics or {}),
+               "time": time.time()}
         self.sink.write(row)
         if last or time.monotonic() >= self.post_at:
             self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})

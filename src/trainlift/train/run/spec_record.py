@@ -4,7 +4,8 @@ another model, data, sequence length, optimizer, schedule or adapter is refused 
 How long a run trains, how often it evaluates and checkpoints, where it reports and how it is laid out on workers
 (workers, mesh, micro-batch, accumulation) may change between starts: its checkpoints reshard to other worker
 counts and meshes. Those fields are not recorded. The training data is recorded by its content, so the same rows
-at another path resume.
+at another path resume. A DPO run also records its objective and `train.dpo` (its reference log-probs and what it
+optimises depend on them); an SFT run leaves them out, so a record written before they existed still matches.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from trainlift.errors import UsageError
 
 RECORD = "spec.json"
 # The batch's layout (micro-batch, accumulation, workers) may change with the hardware: a checkpoint reshards to
-# another worker count, and the data position is kept in rows, so 4 workers x 2 rows resume as 2 x 4.
+# another worker count, and the data position is kept in rows, so 4 workers x 2 rows resume as 2 x 4. The attention
+# kernel, activation checkpointing and compiling change how a step is computed, not what it computes.
 RESUMABLE = ("train.steps", "train.eval_every", "train.accum_sync", "train.micro_batch_size", "train.grad_accum",
-             "data.eval", "data.eval_examples",
-             "model.attn_implementation", "model.activation_checkpointing",
+             "train.compile", "data.eval", "data.eval_examples",
+             "model.attn_implementation", "model.activation_checkpointing", "model.activation_checkpointing_every",
+             "model.activation_checkpointing_keeps",
              "scaling.", "parallel.", "checkpoint.", "export.", "run.", "runtime.")
 ALLOW_FLAG = "--allow-spec-change"
 GONE = "gone from this machine"  # a local model path that no longer exists: not compared
@@ -51,6 +54,8 @@ def training_fields(spec: JobSpec, train_data_fingerprint: str) -> dict[str, Any
     submission."""
     fields = {k: v for k, v in _flatten(spec.model_dump(mode="json")).items() if not _resumable(k)}
     fields["data.train"] = f"sha256:{train_data_fingerprint}"
+    if spec.train.objective == "sft":  # DPO's fields shape nothing else (and records from before them still match)
+        fields = {k: v for k, v in fields.items() if k != "train.objective" and not k.startswith("train.dpo.")}
     if spec.model.config is not None:  # the model is built from model.config (recorded); model.path is where it is saved
         fields.pop("model.path", None)
     for field in ("model.path", "model.tokenizer", "model.config"):

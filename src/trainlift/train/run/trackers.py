@@ -33,9 +33,11 @@ from trainlift.redact import refuse_uri_credentials, uri_credentials
 from trainlift.train.run import metrics
 
 FLUSH_INTERVAL_S = 30.0
+REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")  # DPO's, per step and eval
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
            "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "eval_loss": "eval/loss",
-           "checkpoint_blocked_s": "train/checkpoint_blocked_s"}
+           "checkpoint_blocked_s": "train/checkpoint_blocked_s",
+           **{name: f"train/{name}" for name in REWARDS}, **{f"eval_{name}": f"eval/{name}" for name in REWARDS}}
 MLFLOW_STATE = "mlflow.json"  # the MLflow run a resumed run continues
 # Read by MLflow in the workers; the secrets among MLflow's variables are left to the job's own environment.
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE")
@@ -221,7 +223,7 @@ class MlflowTracker:
         self.durable_through = math.inf  # it finished or stopped at a checkpoint
         self.flush()
         self.client.log_dict(self.run_id, summary, "summary.json")
-        for key in ("final_loss", "eval_loss", "tokens_per_s", "mfu", "steps", "world_size"):
+        for key in ("final_loss", "eval_loss", "eval_rewards/accuracy", "tokens_per_s", "mfu", "steps", "world_size"):
             if summary.get(key) is not None:
                 self.client.set_tag(self.run_id, f"summary.{key}", str(summary[key]))
         if summary.get("finished"):
