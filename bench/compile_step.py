@@ -162,7 +162,7 @@ def main() -> None:
                                             args.warmup))
             print(f"{name}: {results[name][-1]['step_s']:.3f} s/step", file=sys.stderr, flush=True)
     body = describe(results, args)
-    bl.record("21. Compiled blocks and selective activation checkpointing", loads, body, key="compile_step")
+    bl.record("22. Compiled blocks and selective activation checkpointing", loads, body, key="compile_step")
 
 
 def describe(results: dict[str, list[dict]], args) -> str:

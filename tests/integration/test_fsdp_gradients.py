@@ -15,7 +15,8 @@ def test_two_worker_fsdp_gradients_equal_single_process(tiny_spec, tmp_path):
 
     from trainlift.train.data import examples as data
     from trainlift.train.model.build import load_model, load_tokenizer
-    from trainlift.train.recipe import step_batches, token_loss_sum
+    from trainlift.train.model.loss import token_loss_sum
+    from trainlift.train.recipe import step_batches
 
     spec = tiny_spec("train.grad_accum=2")
     out = tmp_path / "fsdp_grads.pt"

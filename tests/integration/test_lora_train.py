@@ -124,7 +124,8 @@ def test_two_worker_lora_gradients_equal_a_single_process_peft_reference(tiny_sp
     from trainlift.train.data import examples as data
     from trainlift.train.model import lora
     from trainlift.train.model.build import load_tokenizer
-    from trainlift.train.recipe import step_batches, token_loss_sum
+    from trainlift.train.model.loss import token_loss_sum
+    from trainlift.train.recipe import step_batches
 
     spec = tiny_spec_at(tmp_path, *LORA, "run.name=grads", "train.grad_accum=2")
     out = tmp_path / "lora_grads.pt"

@@ -188,7 +188,8 @@ def test_a_dpo_step_is_normalised_by_the_global_pair_count_and_reads_the_device_
     """The same four pairs as one micro-batch or as two (the split grad_accum and the workers make): the same loss,
     rewards and gradients. A DPO step, like an SFT one, reads the device back once."""
     from trainlift.train.model.build import apply_fsdp
-    from trainlift.train.recipe import loss_for, queue_step, read_step, train_step
+    from trainlift.train.model.objectives import loss_for
+    from trainlift.train.recipe import queue_step, read_step, train_step
 
     spec = validate_job_spec({"model": {"path": "m"}, "data": {"train": "t.jsonl", "format": "preference"},
                               "train": {"objective": "dpo", "dpo": DPO.model_dump()}})

@@ -58,7 +58,7 @@ def test_lr_warms_up_then_decays_to_the_floor():
 def test_packed_examples_do_not_attend_to_each_other():
     """The loss of a packed row equals the sum of its examples' losses computed one by one."""
     from trainlift.train.data import examples as data
-    from trainlift.train.recipe import token_loss_sum
+    from trainlift.train.model.loss import token_loss_sum
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,

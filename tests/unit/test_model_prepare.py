@@ -7,7 +7,7 @@ import torch
 
 from trainlift.train.data import examples as data
 from trainlift.train.model.build import apply_fsdp, decoder_layers, load_model
-from trainlift.train.recipe import token_loss_sum
+from trainlift.train.model.loss import token_loss_sum
 
 
 def test_a_loaded_model_is_trained_with_activation_checkpointing(tiny_spec, single_process_group):

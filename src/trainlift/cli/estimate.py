@@ -145,7 +145,8 @@ def print_estimate(result) -> None:
     mesh = (f"HSDP {w.replicas} x {w.shard_group} (replicate x shard)" if w.replicas > 1
             else f"FSDP over {w.workers}")
     console.print(f"[bold]estimate[/] {result.job.run.name} on {result.target.describe()}: {w.workers} workers, "
-                  f"{mesh}, {precision}", highlight=False)
+                  f"{mesh}, {precision}, activation checkpointing {w.describe_checkpointing()}"
+                  f"{', compiled blocks' if w.compiled else ''}", highlight=False)
     unit, size = ("GiB", GIB) if items["total"] >= 4 * GIB else ("MiB", 2**20)
     console.print(f"memory {where}, {unit}", highlight=False)
     for key, note in _ITEMS.items():

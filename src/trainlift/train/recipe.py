@@ -16,7 +16,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,53 +25,12 @@ import torch.distributed as dist
 from trainlift.config.job import JobSpec
 from trainlift.errors import UsageError
 from trainlift.train.data import cache as datacache, examples as data
-from trainlift.train.model import export, fetch, lora, preference_loss, weights
+from trainlift.train.model import export, fetch, lora, objectives, preference_loss, weights
 from trainlift.train.model.build import (BlockCheckpointing, StepFlops, apply_fsdp, attention_implementation,
                                          fill_weights, load_tokenizer, sharded_config, step_flops)
-from trainlift.train.model.loss import token_loss_sum
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
-
-
-def sft_loss_sum(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    loss = token_loss_sum(model, batch)
-    return loss, loss.new_zeros(0)
-
-
-@dataclass(frozen=True)
-class Objective:
-    """What a micro-batch's loss is (`train.objective`): `loss(model, batch)` gives the loss summed over the batch
-    and the sums of its `metrics`, both divided by the global batch's sum of `batch[normaliser]` (trainable tokens;
-    DPO: pairs). DPO batches carry their examples' reference log-probs, per split in `references`."""
-
-    loss: Callable[[Any, dict], tuple[torch.Tensor, torch.Tensor]]
-    normaliser: str
-    metrics: tuple[str, ...] = ()
-    pairs: bool = False
-    references: dict[str, np.ndarray] | None = None
-
-    def collate(self, rows: list[dict], indices: list[int], reference: np.ndarray | None = None) -> dict:
-        """`rows` (rows `indices` of a split) as one batch that knows its rows' indices."""
-        batch = {**data.collate(rows), "row_index": torch.as_tensor(indices, dtype=torch.long)}
-        return preference_loss.with_pairs(batch, rows, reference) if self.pairs else batch
-
-    def batch_of(self, packed: data.Packed, indices: list[int], split: str = "train") -> dict:
-        rows = [packed.rows[j] for j in indices]
-        if self.references is None:
-            return self.collate(rows, indices)
-        return self.collate(rows, indices, self.references[split][preference_loss.examples_of_rows(packed, indices)])
-
-
-SFT = Objective(sft_loss_sum, "trainable_tokens")
-
-
-def loss_for(spec: JobSpec) -> Objective:
-    """The one place the objective is chosen; DPO's references are added once scored (`reference_logps`)."""
-    if spec.train.objective == "dpo":
-        return Objective(functools.partial(preference_loss.dpo_loss_sum, dpo=spec.train.dpo), "pairs",
-                         preference_loss.METRICS, pairs=True)
-    return SFT
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -100,21 +59,13 @@ def micro_batches_per_step(spec: JobSpec, world: int) -> int:
 
 
 def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, world: int, device,
-                 objective: Objective = SFT) -> list[dict]:
+                 objective: objectives.Objective = objectives.SFT) -> list[dict]:
     """This worker's micro-batches for the step that starts at the global `cursor`."""
     per_micro = spec.train.micro_batch_size * world
     accum = micro_batches_per_step(spec, world)
     indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * accum)
     micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(accum)]
     return [to_device(objective.batch_of(packed, data.rank_slice(m, rank, world)), device) for m in micro]
-
-
-def worker_row_batches(rows: int, rank: int, world: int, micro_batch: int) -> list[list[int]]:
-    """This worker's rows of an evaluated (or scored) split, `micro_batch` at a time; every worker gets as many
-    batches (an empty one where it has run out), because FSDP needs all workers in every forward."""
-    mine = list(range(rank, rows, world))
-    batches = -(-len(range(0, rows, world)) // micro_batch)
-    return [mine[i * micro_batch:(i + 1) * micro_batch] for i in range(batches)]
 
 
 def to_device(batch: dict, device) -> dict:
@@ -133,7 +84,7 @@ def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
 
 
 def accumulate_gradients(model, batches: list[dict], world: int, device, stop_vote: float = 0.0,
-                         sync_each: bool = True, objective: Objective = SFT):
+                         sync_each: bool = True, objective: objectives.Objective = objectives.SFT):
     """Backward over this worker's micro-batches; returns (global mean loss, global [tokens, attended pairs, then
     the objective's metrics as means], stop votes) as device tensors, none read back. The stop vote rides on the
     token-count all-reduce, so asking every rank costs no collective of its own. Without `sync_each`, gradients stay
@@ -171,7 +122,8 @@ class StepResult(NamedTuple):
 
 
 def queue_step(model, optimizer, scheduler, batches: list[dict], max_grad_norm: float, world: int, device,
-               stop_vote: float = 0.0, sync_each: bool = True, objective: Objective = SFT) -> torch.Tensor:
+               stop_vote: float = 0.0, sync_each: bool = True,
+               objective: objectives.Objective = objectives.SFT) -> torch.Tensor:
     """One optimizer step, queued on the device; returns its figures as one device tensor, not read back."""
     loss, counts, stop_votes = accumulate_gradients(model, batches, world, device, stop_vote, sync_each, objective)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -190,12 +142,12 @@ def read_step(figures: torch.Tensor, metrics: tuple[str, ...] = ()) -> StepResul
 
 def train_step(*args, **kwargs) -> StepResult:
     """One optimizer step and its figures (`queue_step`, then `read_step`)."""
-    return read_step(queue_step(*args, **kwargs), kwargs.get("objective", SFT).metrics)
+    return read_step(queue_step(*args, **kwargs), kwargs.get("objective", objectives.SFT).metrics)
 
 
 @torch.no_grad()
 def evaluate(model, batches: list[dict | None], dummy: dict, device,
-             objective: Objective = SFT) -> tuple[float, dict[str, float]]:
+             objective: objectives.Objective = objectives.SFT) -> tuple[float, dict[str, float]]:
     """The eval loss and the objective's metrics (as eval_<name>) over every worker's batches."""
     model.eval()
     sums, count = torch.zeros(1 + len(objective.metrics), dtype=torch.float64, device=device), 0
@@ -310,19 +262,16 @@ def build_optimizer(model, w: Worker):
     return optimizer, scheduler
 
 
-DUMMY_ROW = {"input_ids": [0] * 8, "labels": [data.IGNORE] * 8, "position_ids": list(range(8)), "num_tokens": 0}
-
-
 class Evaluator:
     """Eval loss, and the objective's metrics (`metrics`, from the last evaluation), on this worker's slice of the
     eval split (every rank takes part; `None` without eval data)."""
 
-    def __init__(self, model, eval_data, w: Worker, log: RunLog, objective: Objective = SFT):
+    def __init__(self, model, eval_data, w: Worker, log: RunLog, objective: objectives.Objective = objectives.SFT):
         self.model, self.w, self.log, self.objective = model, w, log, objective
         rows = len(eval_data.rows) if eval_data else 0
-        slices = worker_row_batches(rows, w.rank, w.world, w.spec.train.micro_batch_size) if rows else []
+        slices = data.worker_row_batches(rows, w.rank, w.world, w.spec.train.micro_batch_size) if rows else []
         self.batches = [objective.batch_of(eval_data, part, "eval") if part else None for part in slices]
-        self.dummy = objective.collate([DUMMY_ROW], [], np.zeros(0) if objective.references else None)
+        self.dummy = objective.collate([objectives.DUMMY_ROW], [], np.zeros(0) if objective.references else None)
         self.metrics: dict[str, float] = {}
 
     def __call__(self, at_step: int) -> float | None:
@@ -333,7 +282,7 @@ class Evaluator:
         return loss
 
 
-def reference_logps(w: Worker, model, objective: Objective, splits: dict[str, data.Packed | None],
+def reference_logps(w: Worker, model, objective: objectives.Objective, splits: dict[str, data.Packed | None],
                     data_cache: dict | None, step: int, log: RunLog) -> dict[str, np.ndarray]:
     """DPO's reference: every example's log-prob under the model as the run started, per split. Read from the run
     directory where a start of this run stored it (with any worker count), else scored now, each worker a disjoint
@@ -360,9 +309,11 @@ def reference_logps(w: Worker, model, objective: Objective, splits: dict[str, da
     return references
 
 
-def score_reference(w: Worker, model, objective: Objective, packed: data.Packed, examples: int) -> np.ndarray:
-    slices = worker_row_batches(len(packed.rows), w.rank, w.world, w.spec.train.micro_batch_size)
-    batches = ((to_device(objective.collate([packed.rows[j] for j in rows] or [DUMMY_ROW], rows), w.device),
+def score_reference(w: Worker, model, objective: objectives.Objective, packed: data.Packed,
+                    examples: int) -> np.ndarray:
+    slices = data.worker_row_batches(len(packed.rows), w.rank, w.world, w.spec.train.micro_batch_size)
+    batches = ((to_device(objective.collate([packed.rows[j] for j in rows] or [objectives.DUMMY_ROW], rows),
+                          w.device),
                 preference_loss.examples_of_rows(packed, rows)) for rows in slices)
     with model.disable_adapter() if w.spec.model.lora is not None else contextlib.nullcontext():
         return preference_loss.score_examples(model, batches, examples, w.device)
@@ -448,7 +399,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     log = RunLog(w, config.get("board"), step, fpt)
     start_row = log.started(step, resumed_from, facts)
-    objective = loss_for(spec)
+    objective = objectives.loss_for(spec)
     if objective.pairs:
         objective = replace(objective, references=reference_logps(
             w, model, objective, {"train": train_data, "eval": eval_data}, config.get("data_cache"), step, log))

@@ -276,10 +276,9 @@ def attended_pairs(position_ids: np.ndarray) -> int:
     return int((lengths ** 2).sum())
 
 
-def eval_batches(packed: Packed, rank: int, world: int, micro_batch: int) -> list[dict[str, torch.Tensor] | None]:
-    """This worker's eval rows in batches; every worker gets the same number (None for a missing one),
-    because FSDP needs all workers in every forward."""
-    mine = packed.rows[rank::world]
-    n_batches = -(-len(packed.rows[0::world]) // micro_batch)
-    return [collate(mine[i * micro_batch:(i + 1) * micro_batch]) if mine[i * micro_batch:(i + 1) * micro_batch]
-            else None for i in range(n_batches)]
+def worker_row_batches(rows: int, rank: int, world: int, micro_batch: int) -> list[list[int]]:
+    """This worker's row indices of an evaluated (or scored) split, `micro_batch` at a time; every worker gets as
+    many batches (an empty one where it has run out), because FSDP needs all workers in every forward."""
+    mine = list(range(rank, rows, world))
+    batches = -(-len(range(0, rows, world)) // micro_batch)
+    return [mine[i * micro_batch:(i + 1) * micro_batch] for i in range(batches)]
