@@ -170,6 +170,11 @@ def print_estimate(result) -> None:
                       f"step {t.step_s:.2f} s (compute {t.compute_s:.2f} s, FSDP collectives {t.comm_s:.2f} s); "
                       f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {result.job.train.steps} steps: "
                       f"{result.hours:.2f} h", highlight=False)
+        if result.reference_s is not None:
+            console.print(f"       DPO's reference pass, once at the start: {_took(result.reference_s)} (a forward of "
+                          "the preference data, as many tokens as the steps train on; counted in the hours above). "
+                          "It holds no second model: LoRA scores with the adapters off, a full fine-tune before its "
+                          "first step", highlight=False)
     if result.job.checkpoint.every_steps:
         where_staged = (f"of the {d['staging_gib']:,.0f} GiB staging volume" if d["staging_gib"] is not None
                         else "in the staging directory")

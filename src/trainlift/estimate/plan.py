@@ -12,7 +12,7 @@ from trainlift.errors import SpecError
 from trainlift.estimate import assumptions
 from trainlift.estimate.memory import GIB, Workload, checkpoint_bytes, memory_items, model_state_bytes, runtime_sources
 from trainlift.estimate.shape import ModelShape
-from trainlift.estimate.timing import Fabric, Timing, step_timing
+from trainlift.estimate.timing import Fabric, Timing, reference_pass_s, step_timing
 from trainlift.train.run.mesh import Mesh, choose_mesh
 
 MAX_NODES = 64
@@ -72,6 +72,9 @@ class Estimate:
     advice: list[Advice] = field(default_factory=list)
     checkpoint_bytes: float = 0.0  # one checkpoint of the whole run
     model_params: int = 0
+    # DPO: the reference pass, once per run, over as many tokens as the run trains on (it scores the preference
+    # data once: fewer tokens for a run of several epochs, more for one of less than an epoch)
+    reference_s: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -97,7 +100,9 @@ class Estimate:
 
     @property
     def hours(self) -> float | None:
-        return self.timing.step_s * self.job.train.steps / 3600 if self.timing else None
+        if not self.timing:
+            return None
+        return (self.timing.step_s * self.job.train.steps + (self.reference_s or 0.0)) / 3600
 
     @property
     def start_s(self) -> dict[str, float] | None:
@@ -138,7 +143,7 @@ class Estimate:
             "mfu": self.mfu.value if self.mfu else None, "mfu_source": self.mfu.source if self.mfu else None,
             "mfu_basis": self.mfu.label if self.mfu else None,
             "compute_s": _round(t and t.compute_s, 4), "comm_s": _round(t and t.comm_s, 4),
-            "step_s": _round(t and t.step_s, 4),
+            "step_s": _round(t and t.step_s, 4), "reference_pass_s": _round(self.reference_s, 1),
             "tokens_per_s_per_gpu": _round(t and t.tokens_per_s_per_gpu, 1),
             "hours": _round(self.hours, 3), "usd_per_hour": _round(self.target.usd_per_hour),
             "start_s": {k: round(v, 1) for k, v in self.start_s.items()} if self.start_s else None,
@@ -210,9 +215,13 @@ def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advi
     if target.instance is not None:
         fabric, mfu = _fabric(target, w)
         timing = step_timing(shape, w, fabric)
+    reference = None
+    if timing is not None and job.train.objective == "dpo":
+        step_tokens = timing.tokens_per_s_per_gpu * timing.step_s * w.workers
+        reference = reference_pass_s(shape, w, fabric, step_tokens * job.train.steps)
     advice = _advice(job, shape, target, w) if advise and items["total"] > capacity else []
     return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice,
-                    checkpoint_bytes(shape, w.lora_params), shape.params)
+                    checkpoint_bytes(shape, w.lora_params), shape.params, reference)
 
 
 def _advice(job: JobSpec, shape: ModelShape, target: Target, w: Workload) -> list[Advice]:

@@ -2,7 +2,8 @@
 
 FLOPs per token (PaLM appendix B, as torchtitan counts them): 6 per parameter a token goes through (the LM
 head's included, the embedding's lookup not), plus 12·L·H·Q·T for attention; a frozen LoRA base costs 4 per
-weight (no weight gradient); activation checkpointing runs each checkpointed layer's forward twice (keeping
+weight (no weight gradient); DPO's reference pass is one forward over the preference data, once per run; activation checkpointing runs each
+checkpointed layer's forward twice (keeping
 matmul outputs, only its elementwise ops, which count no FLOPs here). FSDP moves per micro-batch the parameters
 twice (all-gather in forward and backward) and the gradients once (reduce-scatter, fp32 on GPUs) within a shard
 group; HSDP adds an all-reduce of each gradient shard across the replicas. FSDP overlaps them with compute, so a
@@ -52,6 +53,19 @@ def recompute_flops_per_token(m: ModelShape, w: Workload) -> float:
         return 0.0
     decoder_forward = 2 * m.active_decoder_params + 4 * m.layers * m.heads * m.head_dim * w.seq_len
     return decoder_forward * w.checkpointed_layers(m.layers) / m.layers
+
+
+def forward_flops_per_token(m: ModelShape, w: Workload) -> float:
+    """One forward, as DPO's reference pass runs it once over the preference data: 2 per parameter a token goes
+    through and the attention's forward (a third of a training step's)."""
+    attention = 4 * m.layers * m.heads * m.head_dim * w.seq_len
+    return 2 * (m.active_decoder_params + m.vocab * m.hidden + w.lora_params) + attention
+
+
+def reference_pass_s(m: ModelShape, w: Workload, fabric: Fabric, tokens: float) -> float:
+    """DPO's reference log-probs over `tokens` of preference data, every worker scoring its share, at the MFU a
+    training step is assumed to reach."""
+    return tokens * forward_flops_per_token(m, w) / (fabric.peak_flops * fabric.mfu * w.workers)
 
 
 def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
