@@ -26,14 +26,14 @@ PLOTS = {  # file stem: (title, y label, [(row key, series label)]); eval_* keys
                         [("rewards/accuracy", "train"), ("eval_rewards/accuracy", "eval")]),
     "lr": ("Learning rate", "lr", [("lr", "lr")]),
     "tokens_per_s": ("Throughput", "tokens/s", [("tokens_per_s", "tokens/s")]),
-    "mfu": ("Model FLOPs utilisation", "MFU", [("mfu", "MFU")]),
+    "mfu": ("FLOPs utilisation", "of peak", [("mfu", "MFU (model FLOPs)"), ("hfu", "HFU (recompute included)")]),
 }
 COLOUR_PER_SERIES = {"rewards"}  # plots whose series are curves of their own, not a train and an eval view of one
 SERIES_LINE_STYLES = ("-", "--", ":")  # what tells those series apart when the colour is the run's (--compare)
 Y_LIMITS = {"reward_accuracy": (-0.03, 1.03)}
 SUMMARY_KEYS = (("finished", "{}"), ("steps", "{}"), ("final_loss", "{:.4f}"), ("initial_eval_loss", "{:.4f}"),
                 ("eval_loss", "{:.4f}"), ("tokens_per_s", "{:.0f}"), ("step_time_s", "{:.3f}"), ("mfu", "{:.1%}"),
-                ("world_size", "{}"), ("device", "{}"), ("wall_time_s", "{:.1f}"), ("resumed_from", "{}"))
+                ("hfu", "{:.1%}"), ("world_size", "{}"), ("device", "{}"), ("wall_time_s", "{:.1f}"), ("resumed_from", "{}"))
 # After eval_loss, when a run has them: the last step's rewards (from metrics.jsonl) and the last evaluation's.
 DPO_SUMMARY_KEYS = (("final_rewards/accuracy", "{:.1%}"), ("final_rewards/margin", "{:.3f}"),
                     ("eval_rewards/accuracy", "{:.1%}"), ("eval_rewards/margin", "{:.3f}"))

@@ -98,7 +98,7 @@ def test_hsdp_shards_the_state_over_a_shard_group_and_all_reduces_gradient_shard
     w4 = Workload(2, 32, 4, False, gpu=True, bf16=True, workers=8, shard=4)
     assert replica_bytes_per_step(m, w4) == replica_bytes_per_step(m, w)
     assert collective_bytes_per_step(m, w4) > collective_bytes_per_step(m, w)
-    timing = step_timing(m, w, Fabric(peak_flops=1e18, mfu=1.0, busbw_gbps=100, replica_busbw_gbps=1))
+    timing = step_timing(m, w, Fabric(peak_flops=1e18, hfu=1.0, busbw_gbps=100, replica_busbw_gbps=1))
     assert timing.comm_s == pytest.approx(collective_bytes_per_step(m, w) / 100e9 + replica_bytes_per_step(m, w) / 1e9)
 
 
@@ -163,9 +163,9 @@ def test_step_time_is_the_longer_of_compute_and_collectives():
     w = Workload(1, 128, 2, False, gpu=True, bf16=True, workers=4)
     moved = collective_bytes_per_step(m, w)
     assert moved == (2 * (2 * 2 * m.params) + 2 * 4 * m.params) * 3 / 4
-    slow = step_timing(m, w, Fabric(peak_flops=1e15, mfu=0.5, busbw_gbps=1e-3))
+    slow = step_timing(m, w, Fabric(peak_flops=1e15, hfu=0.5, busbw_gbps=1e-3))
     assert slow.step_s == slow.comm_s == pytest.approx(moved / 1e6)
-    fast = step_timing(m, w, Fabric(peak_flops=1e9, mfu=0.5, busbw_gbps=1e3))
+    fast = step_timing(m, w, Fabric(peak_flops=1e9, hfu=0.5, busbw_gbps=1e3))
     # the GPUs also run the LM head's forward again: the chunked loss recomputes each chunk's logits
     executed = model_flops_per_token(m, w) + 2 * m.vocab * m.hidden
     assert fast.step_s == fast.compute_s == pytest.approx(256 * executed / 5e8)
@@ -217,9 +217,9 @@ def test_a_job_asking_for_more_workers_than_the_target_has_gpus_is_refused():
         plan(job(scaling={"workers": 16}), small_shape(), Target(catalog.lookup("g6.12xlarge"), 1))
 
 
-def test_a_measured_mfu_replaces_the_assumed_one(monkeypatch):
+def test_a_measured_hfu_replaces_the_assumed_one(monkeypatch):
     data = dict(assumptions.assumptions())
-    data["mfu"] = {**data["mfu"], "measured": {"H100": {"value": 0.5, "source": "benchmark 7", "label": "measured"}}}
+    data["hfu"] = {**data["hfu"], "measured": {"H100": {"value": 0.5, "source": "benchmark 7", "label": "measured"}}}
     monkeypatch.setattr(assumptions, "assumptions", lambda: data)
-    assert assumptions.mfu("H100") == (assumptions.Figure(0.5, "benchmark 7", "measured"), True)
-    assert assumptions.mfu("L4")[0].value == 0.34 and assumptions.mfu("L4")[1] is False
+    assert assumptions.hfu("H100") == (assumptions.Figure(0.5, "benchmark 7", "measured"), True)
+    assert assumptions.hfu("L4")[0].value == 0.378 and assumptions.hfu("L4")[1] is False

@@ -35,7 +35,7 @@ def test_dpo_adds_one_forward_over_the_trained_tokens_and_no_memory(lora):
     lora_params = dpo.workload.lora_params
     forward = 2 * (SHAPE.active_decoder_params + SHAPE.vocab * SHAPE.hidden + lora_params) \
         + 4 * SHAPE.layers * SHAPE.heads * SHAPE.head_dim * 4096
-    assert dpo.reference_s == pytest.approx(tokens * forward / (989e12 * dpo.fabric.mfu * 8), rel=1e-6)
+    assert dpo.reference_s == pytest.approx(tokens * forward / (989e12 * dpo.fabric.hfu * 8), rel=1e-6)
     assert dpo.hours == pytest.approx(sft.hours + dpo.reference_s / 3600)
     assert 0.2 < dpo.reference_s / (sft.hours * 3600) < 0.4  # a forward is about a third of a step's compute
     assert dpo.to_dict()["reference_pass_s"] == round(dpo.reference_s, 1)

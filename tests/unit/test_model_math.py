@@ -101,3 +101,25 @@ def test_a_mixture_of_experts_counts_the_experts_a_token_is_routed_to():
     assert idle_expert_params(model) == routed // 2
     w = Workload(1, 128, 1, False, gpu=True, bf16=True, workers=1)
     assert step_flops(model).per_token(128) == pytest.approx(model_flops_per_token(shape_of(config), w), rel=0.01)
+
+
+@pytest.mark.parametrize("mode, every, keeps", [("none", 2, "inputs"), ("selective", 2, "inputs"),
+                                                 ("full", 2, "inputs"), ("full", 2, "matmuls")])
+def test_hardware_flops_add_what_recomputation_runs_and_agree_with_the_estimate(mode, every, keeps):
+    """HFU counts what the GPUs execute: the model's FLOPs (MFU's), the checkpointed blocks' forward again and the
+    chunked loss's LM head again; the recipe's count and the estimate's agree."""
+    from transformers import AutoConfig
+
+    from trainlift.estimate.memory import Workload
+    from trainlift.estimate.shape import shape_of
+    from trainlift.estimate.timing import hardware_flops_per_token
+    from trainlift.train.model.build import BlockCheckpointing, step_flops, with_recompute
+
+    config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    fpt = with_recompute(step_flops(model), model, BlockCheckpointing(mode, every, keeps))
+    w = Workload(1, 128, 1, mode, gpu=True, bf16=True, workers=1, checkpoint_every=every, checkpoint_keeps=keeps)
+    assert fpt.hardware_per_token(128) == pytest.approx(hardware_flops_per_token(shape_of(config), w), rel=0.01)
+    assert fpt.hardware_per_token(128) - fpt.per_token(128) >= 2 * 1000 * 64  # the LM head's forward, always

@@ -166,7 +166,8 @@ def print_estimate(result) -> None:
                       highlight=False)
     if result.timing:
         t = result.timing
-        console.print(f"time   {t.flops_per_token / 1e9:.2f} GFLOPs/token at {d['mfu']:.0%} MFU ({d['mfu_basis']}); "
+        console.print(f"time   {t.hardware_flops_per_token / 1e9:.2f} GFLOPs/token executed at {d['hfu']:.0%} HFU "
+                      f"({d['hfu_basis']}), {t.flops_per_token / 1e9:.2f} of them model FLOPs: {d['mfu']:.0%} MFU; "
                       f"step {t.step_s:.2f} s (compute {t.compute_s:.2f} s, FSDP collectives {t.comm_s:.2f} s); "
                       f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {result.job.train.steps} steps: "
                       f"{result.hours:.2f} h", highlight=False)

@@ -34,14 +34,14 @@ def figure(section: str, *keys: str) -> Figure | None:
     return Figure(float(entry["value"]), " ".join(source.split()), entry.get("label", ""))
 
 
-def mfu(gpu_model: str | None) -> tuple[Figure, bool]:
-    """The MFU to assume for a GPU model and whether it was measured."""
-    measured = figure("mfu", "measured", gpu_model or "")
-    return (measured, True) if measured else (figure("mfu", "assumed"), False)
+def hfu(gpu_model: str | None) -> tuple[Figure, bool]:
+    """The hardware FLOP utilisation to assume for a GPU model and whether it was measured."""
+    measured = figure("hfu", "measured", gpu_model or "")
+    return (measured, True) if measured else (figure("hfu", "assumed"), False)
 
 
-def compiled(mfu: Figure) -> Figure:
-    """The assumed MFU of a run with train.compile: scaled by what compiling gave in the published run it comes
+def compiled(hfu: Figure) -> Figure:
+    """The assumed HFU of a run with train.compile: scaled by what compiling gave in the published run it comes
     from."""
     factor = figure("compile", "throughput_factor")
-    return Figure(mfu.value * factor.value, f"{mfu.source}; {factor.source}", f"{mfu.label}, {factor.label}")
+    return Figure(hfu.value * factor.value, f"{hfu.source}; {factor.source}", f"{hfu.label}, {factor.label}")

@@ -67,7 +67,7 @@ class Estimate:
     capacity_bytes: float
     timing: Timing | None
     fabric: Fabric | None
-    mfu: assumptions.Figure | None
+    hfu: assumptions.Figure | None
     mesh: Mesh | None = None
     advice: list[Advice] = field(default_factory=list)
     checkpoint_bytes: float = 0.0  # one checkpoint of the whole run
@@ -97,6 +97,13 @@ class Estimate:
     def staging_fits(self) -> bool:
         """Two checkpoints fit a node's staging volume (a save in flight and the next)."""
         return self.staging_bytes is None or 2 * self.checkpoint_bytes_per_node <= self.staging_bytes
+
+    @property
+    def mfu(self) -> float | None:
+        """The model FLOP utilisation the assumed HFU implies: model FLOPs over executed FLOPs, times the HFU."""
+        if self.timing is None or self.hfu is None:
+            return None
+        return self.hfu.value * self.timing.flops_per_token / self.timing.hardware_flops_per_token
 
     @property
     def hours(self) -> float | None:
@@ -140,8 +147,9 @@ class Estimate:
             "runtime_gib": round(self.items["runtime"] / GIB, 3),
             "runtime_sources": runtime_sources(self.workload.gpu),
             "flops_per_token": t.flops_per_token if t else None,
-            "mfu": self.mfu.value if self.mfu else None, "mfu_source": self.mfu.source if self.mfu else None,
-            "mfu_basis": self.mfu.label if self.mfu else None,
+            "hfu": self.hfu.value if self.hfu else None, "hfu_source": self.hfu.source if self.hfu else None,
+            "hfu_basis": self.hfu.label if self.hfu else None, "mfu": _round(self.mfu, 4),
+            "hardware_flops_per_token": t.hardware_flops_per_token if t else None,
             "compute_s": _round(t and t.compute_s, 4), "comm_s": _round(t and t.comm_s, 4),
             "step_s": _round(t and t.step_s, 4), "reference_pass_s": _round(self.reference_s, 1),
             "tokens_per_s_per_gpu": _round(t and t.tokens_per_s_per_gpu, 1),
@@ -190,10 +198,10 @@ def _fabric(target: Target, w: Workload) -> tuple[Fabric, assumptions.Figure]:
     network = 2 * (profile.busbw_floor_gbps or profile.network_gbps / 16)
     within_node = node_link.value if node_link else profile.network_gbps / 8
     shard_busbw = within_node if w.shard_group <= profile.gpus else network
-    mfu, measured = assumptions.mfu(profile.gpu_model)
+    hfu, measured = assumptions.hfu(profile.gpu_model)
     if w.compiled and not measured:
-        mfu = assumptions.compiled(mfu)
-    return Fabric(profile.peak_bf16_flops_per_gpu, mfu.value, shard_busbw, network), mfu
+        hfu = assumptions.compiled(hfu)
+    return Fabric(profile.peak_bf16_flops_per_gpu, hfu.value, shard_busbw, network), hfu
 
 
 def plan(job: JobSpec, shape: ModelShape, target: Target, *, advise: bool = True) -> Estimate:
@@ -211,16 +219,16 @@ def _capacity(target: Target, w: Workload) -> float:
 def _estimate(job: JobSpec, shape: ModelShape, target: Target, w: Workload, advise: bool,
               mesh: Mesh | None = None) -> Estimate:
     items, capacity = memory_items(shape, w), _capacity(target, w)
-    timing, fabric, mfu = None, None, None
+    timing, fabric, hfu = None, None, None
     if target.instance is not None:
-        fabric, mfu = _fabric(target, w)
+        fabric, hfu = _fabric(target, w)
         timing = step_timing(shape, w, fabric)
     reference = None
     if timing is not None and job.train.objective == "dpo":
         step_tokens = timing.tokens_per_s_per_gpu * timing.step_s * w.workers
         reference = reference_pass_s(shape, w, fabric, step_tokens * job.train.steps)
     advice = _advice(job, shape, target, w) if advise and items["total"] > capacity else []
-    return Estimate(job, target, w, items, capacity, timing, fabric, mfu, mesh, advice,
+    return Estimate(job, target, w, items, capacity, timing, fabric, hfu, mesh, advice,
                     checkpoint_bytes(shape, w.lora_params), shape.params, reference)
 
 

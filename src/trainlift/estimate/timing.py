@@ -1,4 +1,6 @@
-"""Step time on GPUs: the step's FLOPs at an assumed MFU, and FSDP's collectives at the fabric's bandwidth.
+"""Step time on GPUs: the FLOPs a step executes at an assumed hardware FLOP utilisation (HFU: recomputation
+counted, so the figure carries over between activation checkpointing settings), and FSDP's collectives at the
+fabric's bandwidth. The model FLOP utilisation (MFU) it implies is model FLOPs over executed FLOPs times the HFU.
 
 FLOPs per token (PaLM appendix B, as torchtitan counts them): 6 per parameter a token goes through (the LM
 head's included, the embedding's lookup not), plus 12·L·H·Q·T for attention; a frozen LoRA base costs 4 per
@@ -20,22 +22,23 @@ from trainlift.estimate.shape import ModelShape
 
 @dataclass(frozen=True)
 class Fabric:
-    """What the GPUs compute and move: peak FLOP/s per GPU, the MFU assumed, and the bus bandwidth (GB/s, as
+    """What the GPUs compute and move: peak FLOP/s per GPU, the HFU assumed, and the bus bandwidth (GB/s, as
     nccl-tests reports it) of a collective over one shard group, and of one across the replicas (HSDP)."""
 
     peak_flops: float
-    mfu: float
+    hfu: float
     busbw_gbps: float
     replica_busbw_gbps: float = 0.0
 
 
 @dataclass(frozen=True)
 class Timing:
-    flops_per_token: float
+    flops_per_token: float  # model FLOPs (what MFU counts)
     compute_s: float
     comm_s: float
     step_s: float
     tokens_per_s_per_gpu: float
+    hardware_flops_per_token: float = 0.0  # what the GPUs execute (what HFU counts)
 
 
 def model_flops_per_token(m: ModelShape, w: Workload) -> float:
@@ -63,9 +66,9 @@ def forward_flops_per_token(m: ModelShape, w: Workload) -> float:
 
 
 def reference_pass_s(m: ModelShape, w: Workload, fabric: Fabric, tokens: float) -> float:
-    """DPO's reference log-probs over `tokens` of preference data, every worker scoring its share, at the MFU a
+    """DPO's reference log-probs over `tokens` of preference data, every worker scoring its share, at the HFU a
     training step is assumed to reach."""
-    return tokens * forward_flops_per_token(m, w) / (fabric.peak_flops * fabric.mfu * w.workers)
+    return tokens * forward_flops_per_token(m, w) / (fabric.peak_flops * fabric.hfu * w.workers)
 
 
 def hardware_flops_per_token(m: ModelShape, w: Workload) -> float:
@@ -101,9 +104,9 @@ def replica_bytes_per_step(m: ModelShape, w: Workload) -> float:
 
 def step_timing(m: ModelShape, w: Workload, fabric: Fabric) -> Timing:
     tokens = w.tokens * w.grad_accum
-    compute = tokens * hardware_flops_per_token(m, w) / (fabric.peak_flops * fabric.mfu)
+    compute = tokens * hardware_flops_per_token(m, w) / (fabric.peak_flops * fabric.hfu)
     comm = collective_bytes_per_step(m, w) / (fabric.busbw_gbps * 1e9)
     if w.replicas > 1:
         comm += replica_bytes_per_step(m, w) / (fabric.replica_busbw_gbps * 1e9)
     step = max(compute, comm)
-    return Timing(model_flops_per_token(m, w), compute, comm, step, tokens / step)
+    return Timing(model_flops_per_token(m, w), compute, comm, step, tokens / step, hardware_flops_per_token(m, w))

@@ -27,7 +27,7 @@ from trainlift.errors import UsageError
 from trainlift.train.data import cache as datacache, examples as data
 from trainlift.train.model import export, fetch, lora, objectives, preference_loss, weights
 from trainlift.train.model.build import (BlockCheckpointing, StepFlops, apply_fsdp, attention_implementation,
-                                         fill_weights, load_tokenizer, sharded_config, step_flops)
+                                         fill_weights, load_tokenizer, sharded_config, step_flops, with_recompute)
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
@@ -238,6 +238,7 @@ def build_model(w: Worker, resume_from: str | None = None):
         fpt = StepFlops(lora.flops_per_token(fpt.base, model), fpt.attention)
         if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
+    fpt = with_recompute(fpt, model, BlockCheckpointing.of(w.spec.model))
     if w.mesh is None:
         w.mesh = meshes.agree(w.spec, w, model_config, lora.parameter_counts(model)["trainable_params"]
                               if lora_section is not None else 0)

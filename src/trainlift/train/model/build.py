@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import MethodType
@@ -233,9 +233,37 @@ class StepFlops:
 
     base: float
     attention: float
+    # What the GPUs execute beyond the model's FLOPs (`with_recompute`): the checkpointed blocks' forward again and
+    # the LM head's forward again (the chunked loss recomputes each chunk's logits in backward, loss.py).
+    recompute_base: float = 0.0
+    recompute_attention: float = 0.0
 
     def per_token(self, attended_positions: float) -> float:
+        """Model FLOPs per token (what MFU counts)."""
         return self.base + self.attention * attended_positions
+
+    def hardware_per_token(self, attended_positions: float) -> float:
+        """Executed FLOPs per token, recomputation included (what HFU counts)."""
+        return self.per_token(attended_positions) + self.recompute_base + self.recompute_attention * attended_positions
+
+
+def with_recompute(fpt: StepFlops, model: torch.nn.Module, checkpointing: "BlockCheckpointing") -> StepFlops:
+    """`fpt` with what recomputation adds (call before sharding, after LoRA adapters are added): a checkpointed
+    block keeping its inputs runs its forward again (2 per parameter a token goes through, 4·H·Q per attended
+    position); one keeping its matmul outputs reruns no FLOPs; the chunked loss runs the LM head's forward again."""
+    config = model.config
+    layers = config.num_hidden_layers
+    checkpointed = 0 if checkpointing.keeps == "matmuls" else sum(checkpointing.covers(i) for i in range(layers))
+    decoder = sum(p.numel() for p in model.get_decoder().parameters()) - model.get_input_embeddings().weight.numel()
+    decoder -= idle_expert_params(model)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head = model.get_output_embeddings()
+    head_again = 2 * head.weight.numel() if isinstance(head, torch.nn.Linear) and model.get_decoder() is not model \
+        else 0
+    share = checkpointed / layers
+    return replace(fpt, recompute_base=float(share * 2 * decoder + head_again),
+                   recompute_attention=float(checkpointed * 4 * heads * head_dim))
 
 
 def step_flops(model: torch.nn.Module) -> StepFlops:

@@ -22,6 +22,7 @@ class RunLog:
         self.sink = trackers.open_sink(w.spec, w.fs, w.run_path, step) if w.rank == 0 else metrics.NullSink()
         self.peak = metrics.device_peak_flops(w.device)
         self.timed_tokens, self.timed_flops, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0, 0.0
+        self.timed_hardware_flops = 0.0
         self.held_s: list[float] = []  # per checkpoint, how long it held the loop
 
     def started(self, step: int, resumed_from: str | None, facts: dict[str, Any]) -> dict:
@@ -36,14 +37,17 @@ class RunLog:
 
     def stepped(self, step: int, result, lr: float, step_time: float, last: bool) -> None:
         tokens = result.tokens
-        fpt = self.fpt.per_token(result.attended / max(tokens, 1.0))
+        attended = result.attended / max(tokens, 1.0)
+        fpt, hardware = self.fpt.per_token(attended), self.fpt.hardware_per_token(attended)
         if step > self.first_step + 1:  # the first step after (re)start carries warm-up costs
             self.timed_tokens, self.timed_seconds = self.timed_tokens + tokens, self.timed_seconds + step_time
             self.timed_flops += tokens * fpt
+            self.timed_hardware_flops += tokens * hardware
+        per_device = tokens / step_time / self.w.world
         row = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "world": self.w.world,
                "tokens": tokens, "tokens_per_s": tokens / step_time, "step_time_s": step_time, "flops_per_token": fpt,
-               "mfu": metrics.mfu(tokens / step_time / self.w.world, fpt, self.peak), **(result.metrics or {}),
-               "time": time.time()}
+               "mfu": metrics.mfu(per_device, fpt, self.peak), "hfu": metrics.mfu(per_device, hardware, self.peak),
+               **(result.metrics or {}), "time": time.time()}
         self.sink.write(row)
         if last or time.monotonic() >= self.post_at:
             self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})
@@ -57,9 +61,11 @@ class RunLog:
     def throughput(self, step: int) -> dict:
         tokens_per_s = self.timed_tokens / self.timed_seconds if self.timed_seconds else None
         fpt = self.timed_flops / self.timed_tokens if self.timed_tokens else None
+        hardware = self.timed_hardware_flops / self.timed_tokens if self.timed_tokens else None
         return {"tokens_per_s": tokens_per_s,
                 "step_time_s": self.timed_seconds / max(1, step - self.first_step - 1) if self.timed_seconds else None,
                 "mfu": metrics.mfu(tokens_per_s / self.w.world, fpt, self.peak) if tokens_per_s else None,
+                "hfu": metrics.mfu(tokens_per_s / self.w.world, hardware, self.peak) if tokens_per_s else None,
                 "flops_per_token": fpt,
                 "checkpoint_blocked_s": sum(self.held_s) / len(self.held_s) if self.held_s else None}
 

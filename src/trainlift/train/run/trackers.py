@@ -35,7 +35,7 @@ from trainlift.train.run import metrics
 FLUSH_INTERVAL_S = 30.0
 REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")  # DPO's, per step and eval
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "eval_loss": "eval/loss",
+           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "hfu": "train/hfu", "eval_loss": "eval/loss",
            "checkpoint_blocked_s": "train/checkpoint_blocked_s",
            **{name: f"train/{name}" for name in REWARDS}, **{f"eval_{name}": f"eval/{name}" for name in REWARDS}}
 MLFLOW_STATE = "mlflow.json"  # the MLflow run a resumed run continues
