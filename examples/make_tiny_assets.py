@@ -39,15 +39,21 @@ def make_task(rng: random.Random) -> tuple[str, str]:
     return f"add {a} {b}", str(a + b)
 
 
-def make_split(rng: random.Random, n: int, exclude: set[str]) -> list[dict]:
-    rows, seen = [], set(exclude)
-    while len(rows) < n:
+def new_tasks(rng: random.Random, exclude: set[str]):
+    """(prompt, answer) pairs whose prompts are not in `exclude` and not repeated, drawn from `rng` as they are
+    asked for (a caller drawing from `rng` in between gets the same sequence every time)."""
+    seen = set(exclude)
+    while True:
         prompt, answer = make_task(rng)
-        if prompt in seen:
-            continue
-        seen.add(prompt)
-        rows.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
-    return rows
+        if prompt not in seen:
+            seen.add(prompt)
+            yield prompt, answer
+
+
+def make_split(rng: random.Random, n: int, exclude: set[str]) -> list[dict]:
+    tasks = new_tasks(rng, exclude)
+    return [{"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
+            for prompt, answer in (next(tasks) for _ in range(n))]
 
 
 FILLERS = [("well, i think it is ", ""), ("hmm, maybe ", ""), ("", ", i guess"), ("so the answer is ", " ok")]
@@ -55,12 +61,9 @@ FILLERS = [("well, i think it is ", ""), ("hmm, maybe ", ""), ("", ", i guess"),
 
 def make_preferences(rng: random.Random, n: int, exclude: set[str]) -> list[dict]:
     """{prompt, chosen, rejected}: the prompt as a conversation, the replies as text."""
-    rows, seen = [], set(exclude)
+    rows, tasks = [], new_tasks(rng, exclude)
     while len(rows) < n:
-        prompt, answer = make_task(rng)
-        if prompt in seen:
-            continue
-        seen.add(prompt)
+        prompt, answer = next(tasks)
         before, after = rng.choice(FILLERS)
         rows.append({"prompt": [{"role": "user", "content": prompt}], "chosen": answer,
                      "rejected": before + answer + after})

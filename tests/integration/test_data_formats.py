@@ -1,5 +1,5 @@
-"""Training on data as users keep it: a mixture of a Parquet file with its own column names and a JSONL file, its
-composition recorded in the run; ShareGPT conversations saved by `datasets` (the format told from the rows), and a
+"""Training on data as users keep it: a mixture of a Parquet file with its own column names and a directory in the
+Hugging Face hub's layout (data/train-00000-of-00001.parquet), its composition recorded in the run; ShareGPT conversations saved by `datasets` (the format told from the rows), and a
 directory of JSONL files on S3 (a real S3-compatible server, moto, over HTTP on loopback). The S3 part of the data cache (arrays
 uploaded under s3:// storage, downloaded once per node) is checked here too, without Ray."""
 
@@ -67,8 +67,11 @@ def test_a_mixture_with_renamed_columns_and_a_saved_sharegpt_dataset_train(tiny_
     pq.write_table(pa.Table.from_pylist(conversations), tmp_path / "train.parquet")
     eval_rows = [as_sharegpt(r) for r in rows_of(tiny_assets / "eval.jsonl")]
     datasets.Dataset.from_list(eval_rows).save_to_disk(tmp_path / "eval")
+    hub_layout = tmp_path / "hub-tasks" / "data"
+    hub_layout.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows_of(tiny_assets / "train.jsonl")), hub_layout / "train-00000-of-00001.parquet")
     train = [{"source": str(tmp_path / "train.parquet"), "weight": 0.6, "columns": {"messages": "conversation"}},
-             {"source": str(tiny_assets / "train.jsonl"), "weight": 0.4}]
+             {"source": str(tmp_path / "hub-tasks"), "split": "train", "weight": 0.4}]
     spec = short_run(tiny_assets, tmp_path, train=train, eval=str(tmp_path / "eval"))
     summary = run_training(spec)
     assert_trained(summary, spec)

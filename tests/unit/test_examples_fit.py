@@ -36,6 +36,7 @@ SHIPPED_CONFIGS = {"Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b.json", "meta-llama/Llama-3
 INTENDED = {
     ("qwen2.5-1.5b-eks.yaml", "cluster-reference.yaml"),
     ("qwen2.5-1.5b-lora-eks.yaml", "cluster-reference.yaml"),
+    ("qwen2.5-1.5b-dpo-eks.yaml", "cluster-reference.yaml"),
     ("llama-3.1-70b-eks.yaml", "cluster-p5.yaml"),
 }
 
