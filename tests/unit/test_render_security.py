@@ -384,8 +384,8 @@ def test_jobs_on_an_eks_cluster_are_read_with_its_token_and_no_address(tmp_path,
                  + SECRET_KUBECTL.format(encoded=encoded))
     spec = tmp_path / "cluster.yaml"
     spec.write_text(yaml.safe_dump(BASE))
-    for name in ("RAY_AUTH_TOKEN", "RAY_ADDRESS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:9")  # named on the command line, --cluster wins
     try:
         listed = CliRunner().invoke(app, ["jobs", "list", "--cluster", str(spec), "--dir", str(cluster_dir), "--json"])
         both = CliRunner().invoke(app, ["jobs", "list", "--cluster", str(spec), "--address", "http://x:8265"])

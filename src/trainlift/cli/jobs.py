@@ -184,14 +184,15 @@ def submit(
                 submission_id, follow, json_out, verbose)
 
 
-def _head(cluster_spec, cluster_dir: Path | None, address: str | None, quiet: bool):
-    """The forwarded head of the --cluster's RayCluster when no address was given; else nothing to do."""
+def _head(cluster_spec, cluster_dir: Path | None, address: str | None, quiet: bool, over_env: bool = False):
+    """The forwarded head of the --cluster's RayCluster when no address was given (nor RAY_ADDRESS, unless
+    `over_env`); else nothing to do."""
     from contextlib import nullcontext
 
     from trainlift.ops.jobs import forwarded_head
     from trainlift.render.raycluster import auth_secret_name
 
-    if cluster_spec is None or address or os.environ.get("RAY_ADDRESS"):
+    if cluster_spec is None or address or (os.environ.get("RAY_ADDRESS") and not over_env):
         return nullcontext(None)
     root = cluster_dir or Path(".trainlift") / cluster_spec.name
     if not quiet:
@@ -274,7 +275,8 @@ def _check_cluster_serves(cluster_file: Path, spec):
 
 
 def _cluster_head(cluster: Path | None, cluster_dir: Path | None, address: str | None):
-    """A block's Ray address: --address, or the --cluster's head forwarded (with its token) while the block runs."""
+    """A block's Ray address: --address, or the --cluster's head forwarded (with its token) while the block runs;
+    --cluster is taken over RAY_ADDRESS, as it is named on the command line."""
     from contextlib import contextmanager
 
     from trainlift.cli.cluster import load_cluster_spec
@@ -285,7 +287,7 @@ def _cluster_head(cluster: Path | None, cluster_dir: Path | None, address: str |
 
     @contextmanager
     def block():
-        with _head(cluster_spec, cluster_dir, None, quiet=True) as forwarded:
+        with _head(cluster_spec, cluster_dir, None, quiet=True, over_env=True) as forwarded:
             yield forwarded or address
     return block()
 
