@@ -287,8 +287,12 @@ def _cluster_head(cluster: Path | None, cluster_dir: Path | None, address: str |
 
     @contextmanager
     def block():
+        from trainlift.ops.run import environ_set
+
         with _head(cluster_spec, cluster_dir, None, quiet=True, over_env=True) as forwarded:
-            yield forwarded or address
+            # Ray's job client prefers RAY_ADDRESS to the address it is given
+            with environ_set({"RAY_ADDRESS": forwarded} if forwarded else {}):
+                yield forwarded or address
     return block()
 
 
