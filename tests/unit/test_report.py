@@ -139,3 +139,6 @@ def test_a_report_lands_in_the_local_run_directory_not_the_working_one(tmp_path,
     assert done.exit_code == 0, done.output
     assert (run / "report.html").is_file() and not list(tmp_path.glob("*.html"))
     assert default_output("s3://bucket/runs/demo", "demo") == Path("demo-report.html")
+    elsewhere = CliRunner().invoke(app, ["report", "runs/demo", "-o", "reports/new/demo.html"])  # a new directory
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert (tmp_path / "reports" / "new" / "demo.html").is_file()

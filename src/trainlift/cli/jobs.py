@@ -31,6 +31,7 @@ def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submi
             verbose: bool = False) -> tuple[str, float | None]:
     """The job's progress as a bar and its other lines as they come, unwrapped (Ray's own lines only with
     `verbose`; all of them stay in the job's log). `total_steps` None: read from the progress rows."""
+    from trainlift.cli.progress import step_figures
     from trainlift.ops import jobs
     from trainlift.ops.ray_output import is_ray_line
 
@@ -50,7 +51,7 @@ def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submi
             if row.get("step") and not first_step_at:
                 first_step_at.append(time.time())
             if "loss" in row:
-                progress.update(task, completed=row["step"], info=f"loss {row['loss']:.4f}  {row['tokens_per_s']:.0f} tok/s")
+                progress.update(task, completed=row["step"], info=step_figures(row))
 
         status = jobs.follow(job_client, job_id, on_line)
     return status, (first_step_at[0] - submitted_at) if first_step_at else None

@@ -34,7 +34,8 @@ def report(
     compare: List[str] = typer.Option([], "--compare", help="Another run directory to overlay (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print what was written, and the restarts found, as JSON."),
 ) -> None:
-    """Plot a run: loss and eval loss, learning rate, tokens/s and MFU over steps, restarts marked.
+    """Plot a run: loss and eval loss, learning rate, tokens/s, MFU and HFU over steps (DPO: rewards and reward
+    accuracy too), restarts marked.
 
     Reads metrics.jsonl and summary.json and writes one self-contained HTML page (plots embedded, with the
     summary table) that opens in any browser: e.g. `trainlift report runs/tiny-demo -o report.html`.
@@ -52,6 +53,7 @@ def report(
         labels = [r.uri for r in runs]
     page, pngs = render.build([(label, r.rows, r.summary) for label, r in zip(labels, runs)])
     output = output or default_output(run_dir, runs[0].name)
+    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(page, encoding="utf-8")
     written = [str(output)]
     if png is not None:
