@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-from trainlift.config.job import DataSource, DpoSection, validate_job_spec
+from trainlift.config.data import DataSource
+from trainlift.config.job import DpoSection, validate_job_spec
 from trainlift.errors import SpecError, UsageError
 from trainlift.train.data import examples as data, preference
 from trainlift.train.model import preference_loss

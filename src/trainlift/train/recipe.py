@@ -11,7 +11,6 @@ Ray is imported only inside the functions that talk to it: building, stepping an
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import time
@@ -23,12 +22,13 @@ import torch
 import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
-from trainlift.errors import UsageError
 from trainlift.train.data import cache as datacache, examples as data
-from trainlift.train.model import export, fetch, lora, objectives, preference_loss, weights
+from trainlift.train.model import export, fetch, lora, objectives, weights
 from trainlift.train.model.build import (BlockCheckpointing, StepFlops, apply_fsdp, attention_implementation,
                                          fill_weights, load_tokenizer, sharded_config, step_flops, with_recompute)
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
+from trainlift.train.run.device import all_reduce_sum, to_device
+from trainlift.train.run.reference import reference_logps
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
 
@@ -41,13 +41,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-def all_reduce_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The sum over workers, left on the device (float64): reading it is the caller's one host sync."""
-    t = torch.as_tensor(values, dtype=torch.float64).to(device)
-    dist.all_reduce(t)
-    return t
 
 
 def micro_batches_per_step(spec: JobSpec, world: int) -> int:
@@ -66,14 +59,6 @@ def step_batches(packed: data.Packed, spec: JobSpec, cursor: int, rank: int, wor
     indices = data.global_indices(len(packed.rows), spec.train.seed, cursor, per_micro * accum)
     micro = [indices[i * per_micro:(i + 1) * per_micro] for i in range(accum)]
     return [to_device(objective.batch_of(packed, data.rank_slice(m, rank, world)), device) for m in micro]
-
-
-def to_device(batch: dict, device) -> dict:
-    """Tensors onto `device`: from pinned memory and without waiting, on a GPU (the copy overlaps compute)."""
-    if device.type != "cuda":
-        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    return {k: v.pin_memory().to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()}
 
 
 def sync_every_micro_batch(spec: JobSpec, device: torch.device) -> bool:
@@ -281,43 +266,6 @@ class Evaluator:
         loss, self.metrics = evaluate(self.model, self.batches, self.dummy, self.w.device, self.objective)
         self.log.sink.write({"step": at_step, "eval_loss": loss, **self.metrics, "time": time.time()})
         return loss
-
-
-def reference_logps(w: Worker, model, objective: objectives.Objective, splits: dict[str, data.Packed | None],
-                    data_cache: dict | None, step: int, log: RunLog) -> dict[str, np.ndarray]:
-    """DPO's reference: every example's log-prob under the model as the run started, per split. Read from the run
-    directory where a start of this run stored it (with any worker count), else scored now, each worker a disjoint
-    slice of the rows, summed so that every worker holds all of them, and stored by rank 0. LoRA scores with the
-    adapters off (the base model); a full fine-tune past step 0 no longer has the model it started from."""
-    references = {}
-    for split, packed in splits.items():
-        if packed is None:
-            continue
-        started, examples = time.perf_counter(), preference_loss.example_count(packed)
-        key = ((data_cache or {}).get(split) or {}).get("key", "local")
-        path = preference_loss.reference_path(w.run_path, split, key)
-        stored = preference_loss.read_reference(w.fs, path, examples)
-        scored = all_reduce_sum([float(stored is None)], w.device).item() > 0  # unless every worker read it
-        if scored and step > 0 and w.spec.model.lora is None:
-            raise UsageError(f"{path}: the reference log-probs of run {w.spec.run.name} are gone, and a full "
-                             f"fine-tune at step {step} no longer has the model it started from",
-                             hint="start the run over under another run.name")
-        references[split] = score_reference(w, model, objective, packed, examples) if scored else stored
-        if scored and w.rank == 0:
-            preference_loss.write_reference(w.fs, path, references[split])
-        log.sink.write({"event": "reference", "step": step, "split": split, "examples": examples, "scored": scored,
-                        "seconds": time.perf_counter() - started, "time": time.time()})
-    return references
-
-
-def score_reference(w: Worker, model, objective: objectives.Objective, packed: data.Packed,
-                    examples: int) -> np.ndarray:
-    slices = data.worker_row_batches(len(packed.rows), w.rank, w.world, w.spec.train.micro_batch_size)
-    batches = ((to_device(objective.collate([packed.rows[j] for j in rows] or [objectives.DUMMY_ROW], rows),
-                          w.device),
-                preference_loss.examples_of_rows(packed, rows)) for rows in slices)
-    with model.disable_adapter() if w.spec.model.lora is not None else contextlib.nullcontext():
-        return preference_loss.score_examples(model, batches, examples, w.device)
 
 
 def train(w: Worker, model, optimizer, scheduler, train_data, step: int, cursor: int, evaluator: Evaluator,
