@@ -150,6 +150,7 @@ def render(
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
     from trainlift.render import admissions, image_ref, pod_placements, render_cluster
+    from trainlift.render.eksctl import image_pulls
     from trainlift.render.helm import render_helm_releases
 
     if out is None and not check:
@@ -173,6 +174,7 @@ def render(
         "admission": admissions(manifests),
         "charts": [{k: r[k] for k in ("name", "chart", "version", "digest", "digestFrom")}
                    for r in render_helm_releases(cluster)],
+        "image_pull": image_pulls(cluster),
     }
     if out is not None:
         for m in manifests:
@@ -189,6 +191,7 @@ def render(
 
 def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> None:
     from trainlift.render import admissions, pod_placements
+    from trainlift.render.eksctl import image_pulls
     from trainlift.render.helm import digest_line, render_helm_releases
 
     verb = "wrote" if out is not None else "valid"
@@ -201,9 +204,11 @@ def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> 
         console.print(f"queue  {line}", highlight=False)
     for release in render_helm_releases(cluster):
         console.print(f"chart  {digest_line(release)}", highlight=False)
+    for line in image_pulls(cluster).values():
+        console.print(f"pull   {line}", highlight=False)
     console.print(
         f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
-        f"{cluster.scheduler}, checked against eksctl v0.230.0, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "
+        f"{cluster.scheduler}, checked against eksctl v0.230.0, nodeadm v20260724, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "
         f"{cluster.kubernetes_version} schemas",
         highlight=False,
     )

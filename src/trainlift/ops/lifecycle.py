@@ -31,7 +31,7 @@ from trainlift.ops.plan import ABSENT, Files, Observed
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import run as run_command
-from trainlift.render.eksctl import SYSTEM_GROUP, open_endpoint_note, with_caller_address
+from trainlift.render.eksctl import SYSTEM_GROUP, image_pulls, open_endpoint_note, with_caller_address
 from trainlift.render.helm import digest_line, render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, with_account
 
@@ -243,7 +243,8 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
     scheduling = tuple([f"fits   {p.line()}" for p in pod_placements(spec, rendered)]
                        + [f"queue  {line}" for line in admissions(rendered)]
                        + [f"api    {open_endpoint_note(spec) or 'EKS API public endpoint: only from ' + cidrs}"]
-                       + [f"chart  {digest_line(release)}" for release in render_helm_releases(spec)])
+                       + [f"chart  {digest_line(release)}" for release in render_helm_releases(spec)]
+                       + [f"pull   {line}" for line in image_pulls(spec).values()])
     for m in rendered:
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)

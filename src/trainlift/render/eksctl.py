@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import yaml
+
 from trainlift import catalog
 from trainlift.cloud.capacity import Reservation, Unknown
 from trainlift.config.cluster import ClusterSpec, WorkerGroup
@@ -83,19 +85,65 @@ def _system_group(spec: ClusterSpec) -> dict[str, Any]:
         "amiFamily": spec.ami_family,
         **_sized(spec.system.count),
         "privateNetworking": True,
-        "volumeSize": spec.system.volume_size_gb,
+        **_volume(spec, spec.system.volume_size_gb, catalog.lookup(spec.system.instance_type)),
         **NO_POD_IMDS,
+        **_bootstrap(spec, catalog.lookup(spec.system.instance_type)),
         "labels": dict(SYSTEM_LABELS),
     }
 
 
-# nodeadm (AL2023) RAIDs the instance-store NVMe disks into one array and moves kubelet's and containerd's
-# directories onto it, so pods' emptyDir volumes (the staging volume) live on the NVMe (amazon-eks-ami,
-# templates/al2023/runtime/bin/setup-local-disks). eksctl accepts a NodeConfig in overrideBootstrapCommand for
-# AL2023 managed groups without a custom AMI, and EKS adds the cluster's own part (eksctl validation.go, PR #8078).
-LOCAL_NVME_RAID0 = "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  instance:\n    localStorage:\n" \
-                   "      strategy: RAID0\n"
-AL2023 = "AmazonLinux2023"
+# nodeadm (AL2023) RAIDs the instance-store NVMe disks into one array and moves kubelet's, containerd's and the SOCI
+# snapshotter's directories onto it, so pods' emptyDir volumes (the staging volume) and image layers live on the NVMe
+# (amazon-eks-ami templates/al2023/runtime/bin/setup-local-disks; SOCI's directory since v20251217). Its FastImagePull
+# feature gate (AMIs from v20250813) switches containerd to the SOCI snapshotter in parallel pull-and-unpack mode:
+# 16 MiB chunks, 20 downloads and 12 unpacks at a time per image (nodeadm internal/containerd/snapshotter), ignored
+# below 4 vCPUs or 7 GiB. eksctl accepts a NodeConfig in overrideBootstrapCommand for AL2023 managed groups without a
+# custom AMI, and EKS adds the cluster's own part (eksctl validation.go, PR #8078).
+NODE_CONFIG = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig"}
+PARALLEL_PULL_MIN_VCPUS, PARALLEL_PULL_MIN_MIB = 4, 7 * 1024  # nodeadm's UseSOCISnapshotter
+# Without instance store the layers are written to the root volume: nodeadm asks for at least 600 MiB/s of it for a
+# parallel pull (nodeadm doc/examples.md, "Enabling fast image pull"); gp3's 3,000 baseline IOPS allow that.
+PARALLEL_PULL_THROUGHPUT = 600
+
+
+def pulls_in_parallel(spec: ClusterSpec, profile: catalog.InstanceProfile) -> bool:
+    """Whether the group's nodes pull images with SOCI's parallel mode (nodeadm ignores the gate on small nodes)."""
+    return spec.image.parallel_pull and profile.vcpus >= PARALLEL_PULL_MIN_VCPUS \
+        and profile.memory_mib >= PARALLEL_PULL_MIN_MIB
+
+
+def image_pulls(spec: ClusterSpec) -> dict[str, str]:
+    """How each node group's nodes pull the image, by group name (what `render` and `cluster up` print)."""
+    groups = [(SYSTEM_GROUP, spec.system.instance_type)] + [(w.name, w.instance_type) for w in spec.workers]
+    pulls = {}
+    for name, instance_type in groups:
+        profile = catalog.lookup(instance_type)
+        where = ("layers on the instance-store RAID0" if profile.local_nvme_gb
+                 else f"layers on a gp3 root volume at {PARALLEL_PULL_THROUGHPUT} MiB/s")
+        how = (f"parallel (SOCI pull-and-unpack, nodeadm FastImagePull), {where}" if pulls_in_parallel(spec, profile)
+               else "sequential (image.parallel_pull: false)" if not spec.image.parallel_pull
+               else f"sequential ({profile.vcpus} vCPUs, {profile.memory_gib:g} GiB: below nodeadm's "
+                    f"{PARALLEL_PULL_MIN_VCPUS} vCPUs and 7 GiB for a parallel pull)")
+        pulls[name] = f"{name} ({instance_type}): {how}"
+    return pulls
+
+
+def _bootstrap(spec: ClusterSpec, profile: catalog.InstanceProfile) -> dict[str, str]:
+    node: dict[str, Any] = {}
+    if profile.local_nvme_gb:
+        node["instance"] = {"localStorage": {"strategy": "RAID0"}}
+    if pulls_in_parallel(spec, profile):
+        node["featureGates"] = {"FastImagePull": True}
+    if not node:
+        return {}
+    return {"overrideBootstrapCommand": yaml.safe_dump({**NODE_CONFIG, "spec": node}, sort_keys=False)}
+
+
+def _volume(spec: ClusterSpec, size_gb: int, profile: catalog.InstanceProfile) -> dict[str, Any]:
+    volume: dict[str, Any] = {"volumeSize": size_gb}
+    if pulls_in_parallel(spec, profile) and not profile.local_nvme_gb:
+        volume.update({"volumeType": "gp3", "volumeThroughput": PARALLEL_PULL_THROUGHPUT})
+    return volume
 
 
 def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations | None) -> dict[str, Any]:
@@ -110,10 +158,9 @@ def _worker_group(spec: ClusterSpec, w: WorkerGroup, reservations: Reservations 
         group["availabilityZones"] = list(w.availability_zones)
     group["privateNetworking"] = True
     group["efaEnabled"] = efa
-    group["volumeSize"] = w.volume_size_gb
+    group.update(_volume(spec, w.volume_size_gb, w.profile))
     group.update(NO_POD_IMDS)
-    if spec.ami_family == AL2023 and w.profile.local_nvme_gb:
-        group["overrideBootstrapCommand"] = LOCAL_NVME_RAID0
+    group.update(_bootstrap(spec, w.profile))
     group["labels"] = worker_labels(w)
     if w.taints:
         group["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in w.taints]

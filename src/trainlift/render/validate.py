@@ -1,6 +1,6 @@
 """Check rendered manifests against the real schemas before anything is written.
 
-eksctl ClusterConfig: eksctl's JSON schema. KubeRay (RayCluster, RayJob), Kueue (ClusterQueue, LocalQueue,
+eksctl ClusterConfig: eksctl's JSON schema, its node groups' NodeConfig nodeadm's CRD. KubeRay (RayCluster, RayJob), Kueue (ClusterQueue, LocalQueue,
 ResourceFlavor, Topology) and Volcano (Queue, PodGroup) objects: their CRDs' openAPIV3Schema at the version
 rendered, plus a walk that flags fields the schema does not know (the API server would prune them silently).
 Core objects: kubernetes-validate.
@@ -28,6 +28,9 @@ CRDS = {
     "Queue": ("scheduling.volcano.sh", "volcano-v1.15.1-scheduling.volcano.sh_queues.yaml"),
     "PodGroup": ("scheduling.volcano.sh", "volcano-v1.15.1-scheduling.volcano.sh_podgroups.yaml"),
 }
+NODEADM_GROUP, NODEADM_CRD = "node.eks.aws", "nodeadm-v20260724-node.eks.aws_nodeconfigs.yaml"
+# The CRD types featureGates as a map of booleans; the names are nodeadm's Feature enum (api/v1alpha1/nodeconfig_types.go).
+NODEADM_FEATURE_GATES = ("InstanceIdNodeName", "FastImagePull")
 CRD_FILES = {kind: file for kind, (_, file) in CRDS.items()}
 OBJECT_META_KEYS = {"name", "namespace", "labels", "annotations"}
 MAX_MESSAGE = 160
@@ -74,7 +77,33 @@ def _schema_errors(validator: jsonschema.Draft7Validator, obj: Any) -> list[str]
 
 
 def eksctl_problems(config: dict[str, Any]) -> list[str]:
-    return _schema_errors(_eksctl_validator(), config)
+    """eksctl's schema, and each node group's NodeConfig (overrideBootstrapCommand) against nodeadm's CRD."""
+    problems = _schema_errors(_eksctl_validator(), config)
+    for i, group in enumerate(config.get("managedNodeGroups") or []):
+        if isinstance(group, dict) and isinstance(group.get("overrideBootstrapCommand"), str):
+            problems += [f"managedNodeGroups[{i}].overrideBootstrapCommand: {p}"
+                         for p in node_config_problems(group["overrideBootstrapCommand"])]
+    return problems
+
+
+def node_config_problems(text: str) -> list[str]:
+    """A nodeadm NodeConfig (the part a managed node group adds to EKS's own) against nodeadm's CRD."""
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict) or config.get("kind") != "NodeConfig":
+        return ["not a nodeadm NodeConfig (kind: NodeConfig)"]
+    if config.get("apiVersion") != f"{NODEADM_GROUP}/v1alpha1":
+        return [f"apiVersion: {config.get('apiVersion')!r} is not {NODEADM_GROUP}/v1alpha1"]
+    schema = _node_config_schema()
+    gates = (config.get("spec") or {}).get("featureGates") or {}
+    return (_schema_errors(jsonschema.Draft7Validator(schema), config) + unknown_fields(config, schema)
+            + [f"spec.featureGates.{g}: not one of nodeadm's {list(NODEADM_FEATURE_GATES)}"
+               for g in gates if g not in NODEADM_FEATURE_GATES])
+
+
+@lru_cache(maxsize=1)
+def _node_config_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(_schema_text(NODEADM_CRD))
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def unknown_fields(node: Any, schema: dict[str, Any], path: tuple[Any, ...] = ()) -> list[str]:
