@@ -179,3 +179,45 @@ def test_on_a_terminal_the_bar_of_a_dpo_run_shows_the_same_figures_as_its_lines(
         for n in range(1, 11):
             on_update(dpo_step(n, accuracy=0.9, margin=1.25))
     assert "loss 0.2000  reward acc 90%  margin 1.250  1234 tok/s" in terminal.export_text()
+
+
+def test_the_latest_evaluation_rides_with_the_steps_after_it_in_lines_and_json():
+    """RunLog keeps the latest evaluation and posts it with every step until the next one; the human line shows it
+    after the loss, and the json line `submit --follow` parses carries it (a DPO run's eval reward accuracy too)."""
+    from types import SimpleNamespace
+
+    from trainlift.train.run.runlog import RunLog
+
+    posted = []
+    board = SimpleNamespace(update=SimpleNamespace(remote=posted.append))
+    worker = SimpleNamespace(rank=1, world=2, device=SimpleNamespace(type="cpu"), spec=SimpleNamespace(train=SimpleNamespace(steps=10)))
+    flops = SimpleNamespace(per_token=lambda attended: 1e6, hardware_per_token=lambda attended: 1e6)
+    log = RunLog(worker, None, 0, flops)
+    log.board = board  # rank 0's role without its metrics file
+    result = SimpleNamespace(tokens=100.0, attended=100.0, loss=0.5, grad_norm=1.0, metrics={})
+    log.stepped(1, result, 1e-3, 0.1, last=True)
+    log.evaluated(1, 0.41234, {"eval_rewards/accuracy": 0.95, "eval_rewards/margin": 1.5, "eval_rewards/chosen": -0.1})
+    log.stepped(2, result, 1e-3, 0.1, last=True)
+    log.evaluated(2, 0.3, {})
+    log.stepped(3, result, 1e-3, 0.1, last=True)
+    assert "eval_loss" not in posted[0]
+    assert (posted[1]["eval_step"], posted[1]["eval_loss"], posted[1]["eval_rewards/accuracy"]) == (1, 0.41234, 0.95)
+    assert (posted[2]["eval_step"], posted[2]["eval_loss"]) == (2, 0.3) and "eval_rewards/accuracy" not in posted[2]
+
+    out = io.StringIO()
+    lines = ProgressLines("lines", 0, out=out, clock=Clock())
+    for row in posted:
+        lines(row)
+    printed = out.getvalue().splitlines()
+    assert printed[0] == "step 1/10  loss 0.5000  1000 tok/s"
+    assert printed[1] == "step 2/10  loss 0.5000  eval 0.4123 at 1, reward acc 95%  1000 tok/s"
+    assert printed[2].startswith("step 3/10  loss 0.5000  eval 0.3000 at 2  1000 tok/s")
+
+    out = io.StringIO()
+    lines = ProgressLines("json", 30, out=out)
+    for row in posted:
+        lines(row)
+    parsed = [jobs.parse_progress(line) for line in out.getvalue().splitlines()]
+    assert "eval_loss" not in parsed[0]
+    assert (parsed[1]["eval_loss"], parsed[1]["eval_step"], parsed[1]["eval_rewards/accuracy"]) == (0.41234, 1, 0.95)
+    assert "eval_rewards/chosen" not in parsed[1]

@@ -1,7 +1,7 @@
 """`trainlift train`'s progress when its output is not a terminal (a log file, a Ray job's log).
 
-Two forms: a human line every few seconds (step/total, loss, a DPO run's reward accuracy and margin, tokens/s,
-ETA), or, when the reader asks for it (`--progress json`, or TRAINLIFT_PROGRESS=json, which `submit` sets in the
+Two forms: a human line every few seconds (step/total, loss, a DPO run's reward accuracy and margin, the latest
+evaluation, tokens/s, ETA), or, when the reader asks for it (`--progress json`, or TRAINLIFT_PROGRESS=json, which `submit` sets in the
 job's environment so that `submit --follow` can draw its bar), one `trainlift-progress {json}` line per progress post.
 """
 
@@ -16,6 +16,8 @@ from trainlift.progress_lines import PROGRESS_PREFIX
 
 PROGRESS_KEYS = ("step", "total_steps", "loss", "tokens_per_s", "step_time_s")
 REWARD_KEYS = ("rewards/accuracy", "rewards/margin")  # a DPO step's; in its json lines only when the row has them
+# The latest evaluation, carried by the steps after it (a DPO run's eval rewards too); likewise only when present.
+EVAL_KEYS = ("eval_step", "eval_loss", "eval_rewards/accuracy", "eval_rewards/margin")
 MODES = ("auto", "json", "lines")
 
 
@@ -47,10 +49,15 @@ def mesh_note(row: dict) -> str:
 
 
 def step_figures(row: dict) -> str:
-    """'loss 0.2349  4066 tok/s'; a DPO step's also 'reward acc 98%  margin 1.410' after its loss."""
+    """'loss 0.2349  4066 tok/s'; a DPO step's also 'reward acc 98%  margin 1.410' after its loss, and after an
+    evaluation 'eval 0.3120 at 50' (a DPO run's 'eval 0.3120 at 50, reward acc 100%')."""
     parts = [f"loss {row['loss']:.4f}"]
     if row.get("rewards/accuracy") is not None:
         parts += [f"reward acc {row['rewards/accuracy']:.0%}", f"margin {row['rewards/margin']:.3f}"]
+    if row.get("eval_loss") is not None:
+        rewards = row.get("eval_rewards/accuracy")
+        parts.append(f"eval {row['eval_loss']:.4f} at {row['eval_step']}"
+                     + (f", reward acc {rewards:.0%}" if rewards is not None else ""))
     return "  ".join([*parts, f"{row['tokens_per_s']:.0f} tok/s"])
 
 
@@ -121,7 +128,8 @@ class ProgressLines:
             return
         self.last_step = row["step"]
         if self.mode == "json":
-            figures = {**{k: row.get(k) for k in PROGRESS_KEYS}, **{k: row[k] for k in REWARD_KEYS if k in row}}
+            figures = {**{k: row.get(k) for k in PROGRESS_KEYS},
+                       **{k: row[k] for k in REWARD_KEYS + EVAL_KEYS if k in row}}
             self._print(PROGRESS_PREFIX + json.dumps(figures))
             return
         eta = self.eta(row)

@@ -264,7 +264,7 @@ class Evaluator:
         if not self.batches:
             return None
         loss, self.metrics = evaluate(self.model, self.batches, self.dummy, self.w.device, self.objective)
-        self.log.sink.write({"step": at_step, "eval_loss": loss, **self.metrics, "time": time.time()})
+        self.log.evaluated(at_step, loss, self.metrics)
         return loss
 
 

@@ -24,6 +24,7 @@ class RunLog:
         self.timed_tokens, self.timed_flops, self.timed_seconds, self.post_at = 0.0, 0.0, 0.0, 0.0
         self.timed_hardware_flops = 0.0
         self.held_s: list[float] = []  # per checkpoint, how long it held the loop
+        self.last_eval: dict[str, Any] = {}  # the latest evaluation, posted with the steps after it
 
     def started(self, step: int, resumed_from: str | None, facts: dict[str, Any]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
@@ -34,6 +35,12 @@ class RunLog:
     def post(self, row: dict) -> None:
         if self.board is not None:
             self.board.update.remote(row)
+
+    def evaluated(self, step: int, loss: float, figures: dict[str, float]) -> None:
+        """An evaluation at `step`: to metrics.jsonl, and to the board with every step posted until the next one."""
+        self.sink.write({"step": step, "eval_loss": loss, **figures, "time": time.time()})
+        self.last_eval = {"eval_step": step, "eval_loss": loss,
+                          **{k: v for k, v in figures.items() if k.startswith("eval_rewards/")}}
 
     def stepped(self, step: int, result, lr: float, step_time: float, last: bool) -> None:
         tokens = result.tokens
@@ -50,7 +57,7 @@ class RunLog:
                **(result.metrics or {}), "time": time.time()}
         self.sink.write(row)
         if last or time.monotonic() >= self.post_at:
-            self.post({"event": "step", **row, "total_steps": self.w.spec.train.steps})
+            self.post({"event": "step", **row, **self.last_eval, "total_steps": self.w.spec.train.steps})
             self.post_at = time.monotonic() + BOARD_POST_INTERVAL_S
 
     def checkpoint_held(self, step: int, seconds: float) -> None:
