@@ -238,11 +238,23 @@ def eval_(
     limit: int = typer.Option(200, help="Score at most this many examples."),
     show: int = typer.Option(6, help="Print this many prompts with the model's answers."),
     max_new_tokens: int = typer.Option(16, help="Greedy decoding length."),
+    reference: Optional[Path] = typer.Option(
+        None, "--reference", help="Preference pairs: the model the DPO run started from; a reply's reward is then "
+        "beta x (its log-prob - the reference's), as training reports it."),
+    beta: float = typer.Option(0.1, help="Preference pairs with --reference: the run's train.dpo.beta."),
     json_out: bool = typer.Option(False, "--json", help="Print accuracy and samples as JSON."),
 ) -> None:
-    """Greedy-decode answers and report exact-match accuracy against the reference answers."""
+    """Greedy-decode answers and report exact-match accuracy against the reference answers; on preference pairs
+    ({prompt, chosen, rejected}), how often the model prefers the chosen reply (by reward with --reference)."""
     from trainlift.evaluate import exact_match
+    from trainlift.evaluate_preference import is_preference_file, preference_accuracy
 
+    if data_file.is_file() and is_preference_file(str(data_file)):
+        _print_preferences(preference_accuracy(str(model_dir), str(data_file), str(reference) if reference else None,
+                                               beta, limit), show, json_out)
+        return
+    if reference is not None:
+        raise UsageError(f"--reference: {data_file} holds no preference pairs; --reference scores those only")
     report = exact_match(str(model_dir), str(data_file), limit=limit, max_new_tokens=max_new_tokens)
     if json_out:
         print_json(report)
@@ -252,4 +264,19 @@ def eval_(
         table.add_column(col)
     for s in report["samples"][:show]:
         table.add_row(s["prompt"], s["expected"], s["answer"], "✓" if s["correct"] else "✗")
+    console.print(table)
+
+
+def _print_preferences(report: dict, show: int, json_out: bool) -> None:
+    if json_out:
+        print_json(report)
+        return
+    by = f"reward, beta {report['beta']:g}, against {report['reference']}" if report["reference"] else "log-prob"
+    table = Table(title=f"{report['model']}: chosen preferred in {report['correct']}/{report['total']} pairs "
+                        f"({report['accuracy']:.1%}) by {by}; mean margin {report['mean_margin']:.3f}")
+    for col in ("prompt", "chosen", "rejected", "margin", ""):
+        table.add_column(col, justify="left" if col == "prompt" else "right")
+    for s in report["samples"][:show]:
+        table.add_row(s["prompt"], f"{s['chosen']:.3f}", f"{s['rejected']:.3f}", f"{s['margin']:.3f}",
+                      "✓" if s["correct"] else "✗")
     console.print(table)
