@@ -124,16 +124,45 @@ def test_the_cache_key_follows_a_saved_datasets_content_and_split(tmp_path):
     assert key(datasource.SourceSpec(saved(tmp_path / "copy", train=ALPACA, test=[ALPACA[0]]), split="train")) == before
 
 
+def parquet_bytes(rows) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows), sink)
+    return sink.getvalue().to_pybytes()
+
+
+CARD = ("---\nconfigs:\n- config_name: sums\n  default: true\n  data_files:\n  - split: train\n    path: sums/train-*\n"
+        "  - split: test\n    path: sums/test-*\n- config_name: big\n  data_files:\n  - split: train\n"
+        "    path: big/*.parquet\n---\n# Sums\n")
+
+
+def repository(repo_id: str, revision: str | None) -> dict[str, bytes]:
+    """The files of a stand-in hub repository at a revision: org/sums in the hub's default layout (no card), two
+    commits; org/cards with a README.md naming two configs, one with two splits."""
+    if repo_id == "org/cards":
+        return {"README.md": CARD.encode(), "sums/train-00000-of-00001.parquet": parquet_bytes(ALPACA),
+                "sums/test-00000-of-00001.parquet": parquet_bytes(ALPACA[:3]),
+                "big/train-00000-of-00002.parquet": parquet_bytes(ALPACA * 4),
+                "big/train-00001-of-00002.parquet": parquet_bytes(ALPACA * 4)}
+    rows = ALPACA[:5] if revision == OLD else ALPACA  # main is the newest commit
+    return {"data/train-00000-of-00001.parquet": parquet_bytes(rows)}
+
+
 @pytest.fixture
 def hub_repo(tmp_path, monkeypatch):
-    """A stand-in hub serving two commits of a dataset repository in the hub's layout; returns its calls."""
+    """A stand-in hub serving `repository`'s files, filtered by allow_patterns as huggingface_hub filters them
+    (fnmatch on the repository path); returns its calls."""
+    from fnmatch import fnmatch
+
     calls = []
 
-    def snapshot_download(repo_id, repo_type=None, revision=None, local_dir=None, **kwargs):
-        calls.append({"repo_id": repo_id, "repo_type": repo_type, "revision": revision})
-        rows = ALPACA[:5] if revision == OLD else ALPACA  # main is the newest commit
-        hub_layout(Path(local_dir), train=rows)
-        (Path(local_dir) / ".cache").mkdir()  # huggingface_hub's bookkeeping, which is not data
+    def snapshot_download(repo_id, repo_type=None, revision=None, local_dir=None, allow_patterns=None, **kwargs):
+        calls.append({"repo_id": repo_id, "repo_type": repo_type, "revision": revision,
+                      "allow_patterns": allow_patterns})
+        for path, content in repository(repo_id, revision).items():
+            if allow_patterns is None or any(fnmatch(path, pattern) for pattern in allow_patterns):
+                (Path(local_dir) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(local_dir) / path).write_bytes(content)
+        (Path(local_dir) / ".cache").mkdir(exist_ok=True)  # huggingface_hub's bookkeeping, which is not data
 
     import huggingface_hub
 
@@ -147,10 +176,12 @@ def test_a_hub_dataset_is_fetched_at_its_revision_into_a_cache_per_revision(hub_
     new = datasource.SourceSpec("hf://datasets/org/sums", split="train", revision=NEW)
     assert [r["messages"][1]["content"] for r in data.records(old)] == [r["output"] for r in ALPACA[:5]]
     assert len(list(data.records(new))) == len(ALPACA)
-    assert hub_repo == [{"repo_id": "org/sums", "repo_type": "dataset", "revision": OLD},
-                        {"repo_id": "org/sums", "repo_type": "dataset", "revision": NEW}]
+    # the card first, then (no configs named in it) the whole repository
+    assert [(c["repo_id"], c["repo_type"], c["revision"], c["allow_patterns"]) for c in hub_repo] == [
+        ("org/sums", "dataset", OLD, ["README.md"]), ("org/sums", "dataset", OLD, None),
+        ("org/sums", "dataset", NEW, ["README.md"]), ("org/sums", "dataset", NEW, None)]
     list(data.records(old))
-    assert len(hub_repo) == 2  # once per node and revision
+    assert len(hub_repo) == 4  # once per node and revision
     copies = sorted(p.name for p in (tmp_path / "dataset-cache").iterdir() if p.is_dir())
     assert [name.rsplit("-", 1)[0] for name in copies] == [f"datasets--org--sums--{OLD}", f"datasets--org--sums--{NEW}"]
     where = [w for w, _ in datasource.rows_of(old)]
@@ -165,8 +196,8 @@ def test_a_pinned_hub_dataset_keys_the_cache_by_its_revision_without_fetching(hu
     assert key(OLD) != key(NEW) and key(OLD) == key(OLD)
     assert hub_repo == []
     unpinned = key(None)  # the main branch: fetched once, keyed by its files
-    assert len(hub_repo) == 1 and hub_repo[0]["revision"] is None
-    assert key(None) == unpinned and len(hub_repo) == 1
+    assert len(hub_repo) == 2 and {c["revision"] for c in hub_repo} == {None}
+    assert key(None) == unpinned and len(hub_repo) == 2
     assert unpinned not in (key(OLD), key(NEW))
 
 
@@ -179,6 +210,40 @@ def test_a_hub_dataset_trains_through_the_data_cache(hub_repo, tmp_path, tokeniz
     [source] = datacache.composition(spec, keys)["train"]
     assert source["source"] == "hf://datasets/org/sums" and source["revision"] == NEW and source["format"] == "alpaca"
     assert source["drawn"] == len(ALPACA) and source["weight"] == 1.0
+
+
+def test_a_hub_card_with_configs_fetches_only_the_chosen_config(hub_repo, tmp_path):
+    """Only the files the card names for the chosen config come down (all its splits: datasets resolves them all),
+    one copy per config; a config the card does not have costs the card alone, and datasets names the ones it has."""
+    test = datasource.SourceSpec("hf://datasets/org/cards", split="test", revision=NEW)  # the default config
+    assert len(list(data.records(test))) == 3
+    train = datasource.SourceSpec("hf://datasets/org/cards", config="sums", split="train", revision=NEW)
+    assert len(list(data.records(train))) == len(ALPACA)
+    assert [c["allow_patterns"] for c in hub_repo] == [["README.md"], ["README.md", "sums/train-*", "sums/test-*"],
+                                                       ["README.md"], ["README.md", "sums/train-*", "sums/test-*"]]
+    cache = tmp_path / "dataset-cache"
+    fetched = {str(p.relative_to(cache)).split("/", 1)[1] for p in cache.rglob("*.parquet")}
+    assert fetched == {"sums/test-00000-of-00001.parquet", "sums/train-00000-of-00001.parquet"}  # nothing of big/
+    missing = datasource.SourceSpec("hf://datasets/org/cards", config="huge", split="train", revision=NEW)
+    with pytest.raises(UsageError, match=r"datasets cannot load hf://datasets/org/cards \(config huge\)"):
+        list(data.records(missing))
+    assert hub_repo[-1]["allow_patterns"] == ["README.md"]
+
+
+def test_which_files_a_card_names(tmp_path):
+    readme = tmp_path / "README.md"
+    assert hub.data_file_patterns(readme, None) is None  # no card: the layout decides, all is fetched
+    readme.write_text(CARD)
+    assert hub.data_file_patterns(readme, None) == ["sums/train-*", "sums/test-*"]
+    assert hub.data_file_patterns(readme, "big") == ["big/*.parquet"]
+    assert hub.data_file_patterns(readme, "small") == []
+    readme.write_text("---\nconfigs:\n- config_name: a\n  data_files: a.jsonl\n- config_name: b\n"
+                      "  data_files: {train: [b1.jsonl, b2.jsonl], validation: bv.jsonl}\n- config_name: c\n"
+                      "  data_dir: c/\n---\n")
+    assert hub.data_file_patterns(readme, "a") == ["a.jsonl"]
+    assert hub.data_file_patterns(readme, "b") == ["b1.jsonl", "b2.jsonl", "bv.jsonl"]
+    assert hub.data_file_patterns(readme, "c") == ["c/*"]
+    assert hub.data_file_patterns(readme, None) is None  # several configs, none the default: datasets says
 
 
 def test_hub_ids_and_revisions_in_the_spec(tmp_path):

@@ -7,7 +7,8 @@
            names `configs:`), or any local directory given a config or split; read with
            `datasets.load_dataset(path, name=config, split=split, streaming=True)`, so nothing is written beside it
   hub_id   `hf://datasets/<org>/<name>`: fetched once per node (`snapshot_download`, at `revision` when given) into
-           this user's dataset cache, then read as a hub_dir
+           this user's dataset cache, then read as a hub_dir; the chosen config's files only where the README names
+           configs
 
 A dataset is identified by its files (every file of the directory, or of the chosen split of a saved DatasetDict),
 except a hub id pinned to a revision: the commit is enough, and nothing is fetched to name it.
@@ -67,13 +68,13 @@ def in_hub_layout(path: Path) -> bool:
     return data.is_dir() and any(HUB_SHARD.fullmatch(entry.name) for entry in data.iterdir())
 
 
-def files(kind: str, location: str, split: str | None, revision: str | None,
+def files(kind: str, location: str, config: str | None, split: str | None, revision: str | None,
           field: str) -> list[tuple[str, int, int]]:
     """(path or URI, size, mtime_ns) of what identifies the dataset: a pinned hub id by its commit alone."""
     if kind == "hub_id":
         if revision is not None:
             return [(f"{location}@{revision}", 0, 0)]
-        return _files_under(hub_copy(location, None, field))
+        return _files_under(hub_copy(location, None, field, config))
     path = Path(location).expanduser()
     return _files_under(saved_split_dir(path, split, location, field) if kind == "saved" else path)
 
@@ -126,7 +127,7 @@ def open_dataset(kind: str, location: str, config: str | None, split: str | None
 
     if kind == "saved":
         return datasets.load_from_disk(str(saved_split_dir(Path(location).expanduser(), split, location, field)))
-    path = str(hub_copy(location, revision, field) if kind == "hub_id" else Path(location).expanduser())
+    path = str(hub_copy(location, revision, field, config) if kind == "hub_id" else Path(location).expanduser())
     named = f"{location}{f' (config {config})' if config else ''}"
     try:
         split = choose_split(datasets.get_dataset_split_names(path, config_name=config), split, location, field)
@@ -138,20 +139,70 @@ def open_dataset(kind: str, location: str, config: str | None, split: str | None
                          hint=f"check its data files and README.md configs, and {field}'s config and split") from None
 
 
-def hub_copy(location: str, revision: str | None, field: str) -> Path:
-    """This node's copy of hub dataset `location` at `revision` (None: the main branch when first fetched here)."""
+def hub_copy(location: str, revision: str | None, field: str, config: str | None = None) -> Path:
+    """This node's copy of hub dataset `location` at `revision` (None: the main branch when first fetched here), with
+    the data files of `config` only where its README.md's `configs:` name them (`data_file_patterns`), so one copy
+    per config."""
     if not HUB_ID.fullmatch(location):
         raise UsageError(f"{field}: {location} is not a hub dataset id", hint="write hf://datasets/<org>/<name>")
-    target = hub_fetch.node_cache("datasets", CACHE_ENV) / hub_fetch.cache_name(location, revision)
-    return hub_fetch.fetch_once(target, lambda out: _download(location, revision, out, field),
-                                {"source": location, "revision": revision})
+    chosen = f" config={config}" if config else ""
+    target = hub_fetch.node_cache("datasets", CACHE_ENV) / hub_fetch.cache_name(location + chosen, revision)
+    return hub_fetch.fetch_once(target, lambda out: _download(location, revision, out, field, config),
+                                {"source": location, "revision": revision, "config": config})
 
 
-def _download(location: str, revision: str | None, out: Path, field: str) -> list[str]:
+def data_file_patterns(readme: Path, config: str | None) -> list[str] | None:
+    """The repository paths (fnmatch patterns) of the data files a hub README.md's `configs:` names for `config`
+    (the default one, or the only one, when None), every split of it: datasets resolves them all whichever split
+    is read. [] for a config it does not have (datasets then names those it has). None where the README names no
+    configs, or no default among several: datasets finds the files by their layout, so the whole repository is
+    needed."""
+    text = readme.read_text(errors="replace") if readme.is_file() else ""
+    if not text.startswith("---"):
+        return None
+    import yaml
+
+    header = yaml.safe_load(text[3:].split("\n---", 1)[0]) or {}
+    configs = [c for c in header.get("configs") or [] if isinstance(c, dict)] if isinstance(header, dict) else []
+    if not configs:
+        return None
+    if config is None:
+        defaults = [c for c in configs if c.get("default")] or [c for c in configs if c.get("config_name") == "default"]
+        chosen = defaults[0] if defaults else configs[0] if len(configs) == 1 else None
+        if chosen is None:
+            return None
+    else:
+        chosen = next((c for c in configs if c.get("config_name") == config), None)
+        if chosen is None:
+            return []
+    if "data_files" not in chosen:
+        return [f"{chosen['data_dir'].strip('/')}/*"] if chosen.get("data_dir") else None
+    return [pattern for patterns in _data_files_by_split(chosen["data_files"]).values() for pattern in patterns]
+
+
+def _data_files_by_split(data_files: Any) -> dict[str, list[str]]:
+    """A config's `data_files` as the hub card writes it (a path, a list of paths, a list of {split, path}, or a
+    mapping of split to path or paths), by split; bare paths are the train split's."""
+    def paths(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else [str(v) for v in value or []]
+
+    if isinstance(data_files, dict):
+        return {str(name): paths(value) for name, value in data_files.items()}
+    if isinstance(data_files, str) or all(isinstance(entry, str) for entry in data_files or []):
+        return {"train": paths(data_files)}
+    return {str(entry.get("split", "train")): paths(entry.get("path")) for entry in data_files if isinstance(entry, dict)}
+
+
+def _download(location: str, revision: str | None, out: Path, field: str, config: str | None) -> list[str]:
     from huggingface_hub import snapshot_download
 
+    repo = location.removeprefix(HUB_PREFIX)
     try:
-        snapshot_download(location.removeprefix(HUB_PREFIX), repo_type="dataset", revision=revision, local_dir=out)
+        snapshot_download(repo, repo_type="dataset", revision=revision, local_dir=out, allow_patterns=["README.md"])
+        patterns = data_file_patterns(out / "README.md", config)
+        if patterns != []:
+            snapshot_download(repo, repo_type="dataset", revision=revision, local_dir=out,
+                              allow_patterns=None if patterns is None else ["README.md", *patterns])
     except Exception as exc:  # not found, gated, offline, a bad revision: huggingface_hub's errors share no base
         raise UsageError(f"{field}: cannot fetch {location}{f'@{revision}' if revision else ''} "
                          f"({str(exc).splitlines()[0]})",

@@ -65,7 +65,7 @@ def resolve(spec_path: str, field: str = "data.train", config: str | None = None
     that identify it (hub.py), marked `dataset`."""
     if kind := hub.kind_of(spec_path, config, split, field):
         return [DataFile(uri, size, mtime, dataset=True)
-                for uri, size, mtime in hub.files(kind, spec_path, split, revision, field)]
+                for uri, size, mtime in hub.files(kind, spec_path, config, split, revision, field)]
     scheme = spec_path.split("://", 1)[0] if "://" in spec_path else ""
     try:
         fs, path = pafs.FileSystem.from_uri(spec_path) if scheme else (pafs.LocalFileSystem(), str(Path(spec_path)))
