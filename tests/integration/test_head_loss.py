@@ -120,11 +120,15 @@ def test_a_run_outlives_its_head_and_resumes_from_its_last_checkpoint(project, t
         assert f"resumes run 'headloss' from its checkpoint at step {done_before[-1]}" in early.stderr
 
         assert cli(home, "local", "up", "--port", str(port), "--num-cpus", "4").returncode == 0
+        # The uninterrupted reference trains next to the resumed run (2 workers each: the head's 4 CPUs), a job of
+        # its own: it shares nothing with the resumed run but the head, and its losses do not depend on timing.
+        reference = cli(home, "submit", "job.yaml", "--detach", "--json", "--set", "run.name=reference", cwd=project)
+        assert reference.returncode == 0, reference.stderr[-3000:]
         resumed = cli(home, "submit", "job.yaml", "--json", cwd=project)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         report = json.loads(resumed.stdout)
-        reference = cli(home, "submit", "job.yaml", "--json", "--set", "run.name=reference", cwd=project)
-        assert reference.returncode == 0, reference.stderr[-3000:]
+        reference_done = cli(home, "jobs", "logs", json.loads(reference.stdout)["submission_id"], "--follow")
+        assert reference_done.returncode == 0, reference_done.stdout[-3000:]  # 0: the job SUCCEEDED
     finally:
         cli(home, "local", "down")
 

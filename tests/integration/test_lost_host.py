@@ -137,7 +137,8 @@ def test_a_throttled_link_is_reported_below_the_floor(two_hosts):
     assert 0.0025 / 4 < busbw <= 0.0025 * 1.1
 
 
-def train_then_cut_the_link(host, tiny_assets, tmp_path, workers, steps: int = 10, every: int = 3):
+def train_then_cut_the_link(host, tiny_assets, tmp_path, workers, steps: int = 10, every: int = 3,
+                            start_timeout_s: int = 10):
     """Start a run on the two hosts, take the link down once its first checkpoint is complete; returns
     (process, run directory, time of the cut)."""
     spec = {"model": {"path": str(tiny_assets / "model")},
@@ -149,9 +150,12 @@ def train_then_cut_the_link(host, tiny_assets, tmp_path, workers, steps: int = 1
     job.write_text(yaml.safe_dump(spec))
     run_dir = tmp_path / "runs" / "lost-host"
     # Right after the loss Ray Train may still count the lost node's CPU and try two workers; that try ends
-    # after this start timeout (Ray's default is 60 s).
+    # after this start timeout (Ray's default is 60 s). It bounds only the wait for the workers' placement group
+    # (not their start), which live nodes grant at once. An elastic run needs the 10 s: its next try must come
+    # after Ray has dropped the lost node's CPU, or every try asks for two workers again.
     cmd, env = trainlift(host, "train", str(job), "--address", host.address, "--json",
-                         env={"TRAINLIFT_HOME": str(tmp_path / "home"), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"})
+                         env={"TRAINLIFT_HOME": str(tmp_path / "home"),
+                              "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout_s)})
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not (run_dir / f"checkpoint_{every:08d}" / "COMPLETE").exists():
@@ -195,7 +199,8 @@ def test_losing_the_link_mid_run_resumes_on_the_remaining_host(two_hosts, tiny_a
 
 
 def test_losing_the_link_with_a_fixed_size_ends_in_one_clear_error(two_hosts, tiny_assets, tmp_path):
-    proc, _, lost_at = train_then_cut_the_link(two_hosts, tiny_assets, tmp_path, workers=2)
+    # A fixed size waits the start timeout out on each of its tries, all of which fail alike: 4 s each is enough.
+    proc, _, lost_at = train_then_cut_the_link(two_hosts, tiny_assets, tmp_path, workers=2, start_timeout_s=4)
     _, err = proc.communicate(timeout=LOSS_TO_FINISH_S)
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     print(f"fixed size: error {time.time() - lost_at:.1f} s after the loss: {lines}")

@@ -120,38 +120,27 @@ def test_a_stop_checkpoints_even_without_periodic_checkpoints(tiny_spec):
     assert [(s, done) for s, _, done in checkpoint.list_checkpoints(fs, spec.run_uri)] == [(2, True)]
 
 
-def test_stop_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tiny_spec):
+def test_stop_and_resume_reproduces_the_uninterrupted_losses_from_the_checkpoint_alone(
+        uninterrupted, tiny_spec, tiny_assets, tmp_path):
     """Same data order, same RNG: steps 5-6 after a resume equal the uninterrupted run's (fp32, tol 1e-6).
-    The first run pruned checkpoint 2 (keep=1) before stopping: the rerun still starts."""
-    _, ref_dir = uninterrupted
-    spec = tiny_spec("run.name=resume", "checkpoint.every_steps=2", "checkpoint.keep=1")
-    first = run_training(spec, stop_at_step=4)
-    assert not first["finished"] and first["steps"] == 4
-    assert not (Path(spec.run_uri) / "checkpoint_00000002").exists()
-    second = run_training(spec)
-    assert second["finished"] and second["resumed_from"].endswith("checkpoint_00000004")
-    got, want = losses(Path(spec.run_uri)), losses(ref_dir)
-    assert sorted(got) == [1, 2, 3, 4, 5, 6]
-    for step in range(1, 7):
-        assert got[step] == pytest.approx(want[step], rel=1e-6), step
-
-
-def test_a_full_fine_tune_resumes_from_its_checkpoint_alone(uninterrupted, tiny_spec, tiny_assets, tmp_path):
-    """model.path is deleted after the first checkpoint: the restart reads only the checkpoint (weights and model
-    config) and continues the uninterrupted run's losses (fp32, tol 1e-6)."""
+    The first run pruned checkpoint 2 (keep=1) before stopping: the rerun still starts. A full fine-tune whose
+    model.path is deleted after the stop: the restart reads only the checkpoint (weights and model config)."""
     import shutil
 
     _, ref_dir = uninterrupted
     base = tmp_path / "base"
     shutil.copytree(tiny_assets / "model", base)
-    spec = tiny_spec("run.name=nobase", f"model.path={base}", f"model.tokenizer={tiny_assets / 'model'}",
-                     "checkpoint.every_steps=4")
-    assert not run_training(spec, stop_at_step=4)["finished"]
+    spec = tiny_spec("run.name=resume", f"model.path={base}", f"model.tokenizer={tiny_assets / 'model'}",
+                     "checkpoint.every_steps=2", "checkpoint.keep=1")
+    first = run_training(spec, stop_at_step=4)
+    assert not first["finished"] and first["steps"] == 4
+    assert not (Path(spec.run_uri) / "checkpoint_00000002").exists()
     shutil.rmtree(base)
     second = run_training(spec)
     assert second["finished"] and second["resumed_from"].endswith("checkpoint_00000004")
     got, want = losses(Path(spec.run_uri)), losses(ref_dir)
-    for step in (5, 6):
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
 
