@@ -190,7 +190,8 @@ def test_the_latest_evaluation_rides_with_the_steps_after_it_in_lines_and_json()
 
     posted = []
     board = SimpleNamespace(update=SimpleNamespace(remote=posted.append))
-    worker = SimpleNamespace(rank=1, world=2, device=SimpleNamespace(type="cpu"), spec=SimpleNamespace(train=SimpleNamespace(steps=10)))
+    worker = SimpleNamespace(rank=1, world=2, device=SimpleNamespace(type="cpu"),
+                             spec=SimpleNamespace(train=SimpleNamespace(steps=10)))
     flops = SimpleNamespace(per_token=lambda attended: 1e6, hardware_per_token=lambda attended: 1e6)
     log = RunLog(worker, None, 0, flops)
     log.board = board  # rank 0's role without its metrics file

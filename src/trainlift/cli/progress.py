@@ -1,8 +1,9 @@
 """`trainlift train`'s progress when its output is not a terminal (a log file, a Ray job's log).
 
 Two forms: a human line every few seconds (step/total, loss, a DPO run's reward accuracy and margin, the latest
-evaluation, tokens/s, ETA), or, when the reader asks for it (`--progress json`, or TRAINLIFT_PROGRESS=json, which `submit` sets in the
-job's environment so that `submit --follow` can draw its bar), one `trainlift-progress {json}` line per progress post.
+evaluation, tokens/s, ETA), or, when the reader asks for it (`--progress json`, or TRAINLIFT_PROGRESS=json, which
+`submit` sets in the job's environment so that `submit --follow` can draw its bar), one `trainlift-progress {json}`
+line per progress post.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def image_pulls(spec: ClusterSpec) -> dict[str, str]:
         how = (f"parallel (SOCI pull-and-unpack, nodeadm FastImagePull), {where}" if pulls_in_parallel(spec, profile)
                else "sequential (image.parallel_pull: false)" if not spec.image.parallel_pull
                else f"sequential ({profile.vcpus} vCPUs, {profile.memory_gib:g} GiB: below nodeadm's "
-                    f"{PARALLEL_PULL_MIN_VCPUS} vCPUs and 7 GiB for a parallel pull)")
+                    f"{PARALLEL_PULL_MIN_VCPUS} vCPUs and {PARALLEL_PULL_MIN_MIB // 1024} GiB for a parallel pull)")
         pulls[name] = f"{name} ({instance_type}): {how}"
     return pulls
 

@@ -1,8 +1,9 @@
 """Check rendered manifests against the real schemas before anything is written.
 
-eksctl ClusterConfig: eksctl's JSON schema, its node groups' NodeConfig nodeadm's CRD. KubeRay (RayCluster, RayJob), Kueue (ClusterQueue, LocalQueue,
-ResourceFlavor, Topology) and Volcano (Queue, PodGroup) objects: their CRDs' openAPIV3Schema at the version
-rendered, plus a walk that flags fields the schema does not know (the API server would prune them silently).
+eksctl ClusterConfig: eksctl's JSON schema, and each node group's NodeConfig nodeadm's CRD. KubeRay (RayCluster,
+RayJob), Kueue (ClusterQueue, LocalQueue, ResourceFlavor, Topology) and Volcano (Queue, PodGroup) objects: their
+CRDs' openAPIV3Schema at the version rendered, plus a walk that flags fields the schema does not know (the API server
+would prune them silently).
 Core objects: kubernetes-validate.
 """
 
@@ -29,7 +30,8 @@ CRDS = {
     "PodGroup": ("scheduling.volcano.sh", "volcano-v1.15.1-scheduling.volcano.sh_podgroups.yaml"),
 }
 NODEADM_GROUP, NODEADM_CRD = "node.eks.aws", "nodeadm-v20260724-node.eks.aws_nodeconfigs.yaml"
-# The CRD types featureGates as a map of booleans; the names are nodeadm's Feature enum (api/v1alpha1/nodeconfig_types.go).
+# The CRD types featureGates as a map of booleans; the names are nodeadm's Feature enum
+# (api/v1alpha1/nodeconfig_types.go).
 NODEADM_FEATURE_GATES = ("InstanceIdNodeName", "FastImagePull")
 CRD_FILES = {kind: file for kind, (_, file) in CRDS.items()}
 OBJECT_META_KEYS = {"name", "namespace", "labels", "annotations"}

@@ -190,7 +190,8 @@ def _data_files_by_split(data_files: Any) -> dict[str, list[str]]:
         return {str(name): paths(value) for name, value in data_files.items()}
     if isinstance(data_files, str) or all(isinstance(entry, str) for entry in data_files or []):
         return {"train": paths(data_files)}
-    return {str(entry.get("split", "train")): paths(entry.get("path")) for entry in data_files if isinstance(entry, dict)}
+    return {str(entry.get("split", "train")): paths(entry.get("path"))
+            for entry in data_files if isinstance(entry, dict)}
 
 
 def _download(location: str, revision: str | None, out: Path, field: str, config: str | None) -> list[str]:
