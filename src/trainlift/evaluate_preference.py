@@ -8,6 +8,7 @@ the chosen reply's reward is higher; without one, when its log-prob is.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,8 +22,6 @@ from trainlift.train.data.examples import IGNORE, Example, pad_id_of
 
 def is_preference_file(path: str) -> bool:
     """Whether the file's first row is a preference pair."""
-    import json
-
     with open(path, encoding="utf-8") as fh:
         first = next((line for line in fh if line.strip()), "{}")
     try:
