@@ -253,7 +253,7 @@ def eval_(
         _print_preferences(preference_accuracy(str(model_dir), str(data_file), str(reference) if reference else None,
                                                beta, limit), show, json_out)
         return
-    if reference is not None:
+    if reference is not None and data_file.is_file():
         raise UsageError(f"--reference: {data_file} holds no preference pairs; --reference scores those only")
     report = exact_match(str(model_dir), str(data_file), limit=limit, max_new_tokens=max_new_tokens)
     if json_out:
