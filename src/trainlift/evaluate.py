@@ -21,13 +21,19 @@ def _prompt_and_answer(row: dict, tokenizer) -> tuple[str, str, str]:
     return row["prompt"], row["prompt"], row["completion"]
 
 
-def _detect_format(path: str) -> str:
+def first_row(path: str) -> Any:
+    """The JSONL file's first row; None when it is not JSON (read_jsonl reports the bad line)."""
     with open(path, encoding="utf-8") as fh:
         first = next((line for line in fh if line.strip()), "{}")
     try:
-        return "messages" if "messages" in json.loads(first) else "prompt_completion"
+        return json.loads(first)
     except json.JSONDecodeError:
-        return "messages"  # read_jsonl reports the bad line
+        return None
+
+
+def _detect_format(path: str) -> str:
+    row = first_row(path)
+    return "prompt_completion" if row is not None and "messages" not in row else "messages"
 
 
 def padding_tokenizer(model_dir: str):

@@ -1,50 +1,43 @@
 """`trainlift eval` on preference pairs ({prompt, chosen, rejected}): how often the model prefers the chosen reply.
 
-Each reply's sequence log-prob is the sum of its tokens' log-probs given the prompt, tokenized as DPO training
-tokenizes it (preference.py), so the figures match the run's own. With `reference` (the model the DPO run started
+Each reply's sequence log-prob is the sum of its tokens' log-probs given the prompt, tokenized, packed and scored as
+DPO training does it (preference.py, preference_loss.py), so the figures match the run's own. With `reference` (the model the DPO run started
 from) a reply's reward is beta * (log pi - log pi_ref), as training reports it, and a pair counts as preferred when
 the chosen reply's reward is higher; without one, when its log-prob is.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from trainlift.errors import UsageError
+from trainlift.evaluate import first_row
 from trainlift.train.data import preference, source as datasource
-from trainlift.train.data.examples import IGNORE, Example, pad_id_of
+from trainlift.train.data.examples import collate, pad_id_of
+from trainlift.train.model import preference_loss
+from trainlift.train.run.device import to_device
 
 
 def is_preference_file(path: str) -> bool:
     """Whether the file's first row is a preference pair."""
-    with open(path, encoding="utf-8") as fh:
-        first = next((line for line in fh if line.strip()), "{}")
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError:
-        return False
+    row = first_row(path)
     return isinstance(row, dict) and set(preference.KEYS) <= row.keys()
 
 
-def sequence_logps(model, examples: Sequence[Example], pad_id: int, device, batch_size: int) -> list[float]:
-    """Each example's summed log-prob of its trained tokens, in right-padded batches (padding attends nowhere)."""
+def sequence_logps(model, pairs: Sequence[preference.Pair], pad_id: int, device, batch_size: int) -> list[float]:
+    """Each example's sequence log-prob (chosen, rejected, chosen, ...) as the DPO trainer computes it: pairs packed
+    whole into rows as long as the longest pair (none cut), `batch_size` rows to a forward."""
+    seq_len = max(len(chosen.input_ids) + len(rejected.input_ids) for chosen, rejected in pairs)
+    rows = [row for row, _, _ in preference.pack_pairs(pairs, seq_len, pad_id)]
     sums: list[float] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        width = max(len(e.input_ids) for e in chunk)
-        ids = torch.tensor([e.input_ids + [pad_id] * (width - len(e.input_ids)) for e in chunk], device=device)
-        labels = torch.tensor([e.labels + [IGNORE] * (width - len(e.labels)) for e in chunk], device=device)
-        mask = torch.tensor([[1] * len(e.input_ids) + [0] * (width - len(e.input_ids)) for e in chunk], device=device)
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        batch = to_device(preference_loss.with_pairs(collate(chunk), chunk), device)
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        targets = labels[:, 1:]
-        token_logps = -F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
-        sums += token_logps.sum(dim=1).tolist()
+            sums += preference_loss.sequence_logps(model, batch).tolist()
     return sums
 
 
@@ -84,11 +77,11 @@ def preference_accuracy(model_dir: str, data_file: str, reference: str | None = 
     hf_logging.disable_progress_bar()
     policy = _model(model_dir, "model", device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = [e for pair in preference.to_pairs(rows, tokenizer) for e in pair]
+    pairs = preference.to_pairs(rows, tokenizer)
     pad_id = pad_id_of(tokenizer)
-    logps = sequence_logps(policy, examples, pad_id, device, batch_size)
+    logps = sequence_logps(policy, pairs, pad_id, device, batch_size)
     if reference is not None:
-        reference_logps = sequence_logps(_model(reference, "--reference", device), examples, pad_id, device, batch_size)
+        reference_logps = sequence_logps(_model(reference, "--reference", device), pairs, pad_id, device, batch_size)
         scores = [beta * (p - r) for p, r in zip(logps, reference_logps)]
     else:
         scores = logps

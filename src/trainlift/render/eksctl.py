@@ -79,15 +79,16 @@ NO_POD_IMDS = {"disablePodIMDS": True}
 
 
 def _system_group(spec: ClusterSpec) -> dict[str, Any]:
+    profile = catalog.lookup(spec.system.instance_type)
     return {
         "name": SYSTEM_GROUP,
         "instanceType": spec.system.instance_type,
         "amiFamily": spec.ami_family,
         **_sized(spec.system.count),
         "privateNetworking": True,
-        **_volume(spec, spec.system.volume_size_gb, catalog.lookup(spec.system.instance_type)),
+        **_volume(spec, spec.system.volume_size_gb, profile),
         **NO_POD_IMDS,
-        **_bootstrap(spec, catalog.lookup(spec.system.instance_type)),
+        **_bootstrap(spec, profile),
         "labels": dict(SYSTEM_LABELS),
     }
 

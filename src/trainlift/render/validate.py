@@ -95,17 +95,17 @@ def node_config_problems(text: str) -> list[str]:
         return ["not a nodeadm NodeConfig (kind: NodeConfig)"]
     if config.get("apiVersion") != f"{NODEADM_GROUP}/v1alpha1":
         return [f"apiVersion: {config.get('apiVersion')!r} is not {NODEADM_GROUP}/v1alpha1"]
-    schema = _node_config_schema()
+    validator = _node_config_validator()
     gates = (config.get("spec") or {}).get("featureGates") or {}
-    return (_schema_errors(jsonschema.Draft7Validator(schema), config) + unknown_fields(config, schema)
+    return (_schema_errors(validator, config) + unknown_fields(config, validator.schema)
             + [f"spec.featureGates.{g}: not one of nodeadm's {list(NODEADM_FEATURE_GATES)}"
                for g in gates if g not in NODEADM_FEATURE_GATES])
 
 
 @lru_cache(maxsize=1)
-def _node_config_schema() -> dict[str, Any]:
+def _node_config_validator() -> jsonschema.Draft7Validator:
     crd = yaml.safe_load(_schema_text(NODEADM_CRD))
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return jsonschema.Draft7Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 def unknown_fields(node: Any, schema: dict[str, Any], path: tuple[Any, ...] = ()) -> list[str]:
