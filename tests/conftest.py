@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -11,6 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray Train's controller polls workers every 2 s by default: each boundary report() and each failure waits for
 # that poll. Polling faster changes no outcome, only how long the suite waits (it reaches subprocesses too).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# The session's moto server keeps the requests a rehearsal records (rehearse_s3.py) in a file: a temporary one, not
+# moto's default `moto_recording` in the working directory. Set before anything imports moto.
+os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(tempfile.gettempdir(),
+                                                             f"trainlift-tests-moto-recording-{os.getpid()}"))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The rehearsal's mirror of the cluster image's packages: built once (about a minute) and kept beside the venv, so
 # every test that rehearses, in this session and the next, finds it built.

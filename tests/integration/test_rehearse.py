@@ -108,6 +108,11 @@ def test_the_reference_job_rehearses_as_the_readme_shows(monkeypatch, tmp_path, 
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ray-train/qwen2.5-1.5b-tasks/")["Contents"]}
     assert "ray-train/qwen2.5-1.5b-tasks/summary.json" in keys and any("/checkpoint_00000004/" in k for k in keys)
     assert "ray-train/qwen2.5-1.5b-tasks/final/config.json" in keys
+    # Every S3 request of the job and its Ray, recorded at the server, is one the rendered role allows.
+    [role] = [c for c in outcome["checks"] if c["check"].startswith("the pods' S3 role allows all")]
+    requests = outcome["s3_requests"]
+    assert role["state"] == "ok" and requests["recorded"] and requests["denied"] == [] and requests["unknown"] == []
+    assert requests["operations"]["HeadBucket"] >= 1 and requests["operations"]["CompleteMultipartUpload"] >= 1
 
 
 def test_a_trainlift_zip_of_the_old_layout_fails_and_says_why(project, tmp_path):
@@ -118,6 +123,7 @@ def test_a_trainlift_zip_of_the_old_layout_fails_and_says_why(project, tmp_path)
     s3.upload_file(str(tmp_path / "trainlift.zip"), BUCKET, "code/trainlift.zip")
     render(root, tmp_path / "out", f"s3://{BUCKET}/code/trainlift.zip")
     result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
+    assert result.stdout, result.stderr[-3000:]
     outcome = json.loads(result.stdout)
     assert result.returncode == 1 and outcome["status"] == "FAILED"
     failed = [c for c in outcome["checks"] if c["state"] == "failed"]
@@ -161,3 +167,41 @@ def test_a_render_whose_uris_the_role_does_not_cover_fails_before_anything_start
     assert result.returncode == 2
     assert "runtime_env.working_dir: the pods' S3 role does not allow s3:GetObject on " \
            "s3://someone-elses-bucket/code/job.zip" in result.stderr
+
+
+def _edit_role(out: Path, edit) -> None:
+    eksctl = yaml.safe_load((out / "eksctl.yaml").read_text())
+    edit(eksctl["iam"]["serviceAccounts"][0]["attachPolicy"]["Statement"])
+    (out / "eksctl.yaml").write_text(yaml.safe_dump(eksctl))
+
+
+def test_a_role_that_lists_only_under_prefixes_fails_before_anything_starts(project, tmp_path):
+    """The role render wrote before (apache/arrow#49949): s3:ListBucket only with an s3:prefix condition. On EKS the
+    job's first write fails with ACCESS_DENIED during HeadBucket; here, in one line, before any process starts."""
+    root, _, wheel_uri = project
+    render(root, tmp_path / "out", wheel_uri)
+    _edit_role(tmp_path / "out", lambda statements: statements[1].update(
+        Condition={"StringLike": {"s3:prefix": ["ray-train", "ray-train/*", "code", "code/*"]}}))
+    result = cli("rehearse", str(tmp_path / "out"), cwd=root, timeout=60)
+    assert result.returncode == 2
+    assert ("run.storage: the pods' S3 role does not allow s3:ListBucket with no s3:prefix (HeadBucket, which "
+            "pyarrow sends before it writes) on s3://my-trainlift-checkpoints/ray-train") in result.stderr
+    assert "starting a Ray head" not in result.stderr
+
+
+def test_a_request_the_role_denies_fails_the_rehearsal_naming_the_call_the_key_and_the_statement(project, tmp_path):
+    """A Deny on the checkpoints, which no check on paper foresees: the job runs (the server does not enforce the
+    role), and the recorded requests fail the rehearsal in one line."""
+    root, _, wheel_uri = project
+    render(root, tmp_path / "out", wheel_uri)
+    _edit_role(tmp_path / "out", lambda statements: statements.append(
+        {"Sid": "NoCheckpoints", "Effect": "Deny", "Action": "s3:PutObject",
+         "Resource": f"arn:aws:s3:::{BUCKET}/ray-train/rehearsed/checkpoint_*"}))
+    result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
+    outcome = json.loads(result.stdout)
+    assert result.returncode == 1 and outcome["status"] == "SUCCEEDED"
+    [role] = [c for c in outcome["checks"] if c["state"] == "failed"]
+    assert role["check"].startswith("the pods' S3 role allows all") and "\n" not in role["evidence"]
+    assert f"needs s3:PutObject on arn:aws:s3:::{BUCKET}/ray-train/rehearsed/checkpoint_0000000" in role["evidence"]
+    assert "explicitly denied by the role's statement 5 (NoCheckpoints)" in role["evidence"]
+    assert role["evidence"].split(" ")[1].startswith(f"s3://{BUCKET}/ray-train/rehearsed/checkpoint_0000000")

@@ -1,14 +1,13 @@
 """The pods' S3 role against what the job uses: render refuses a URI the rendered IAM policy does not cover.
 
 Pure: the policy is the one eksctl would attach (iam.serviceAccounts[].attachPolicy); coverage is
-checked against it without AWS. The last test matches object ARNs against the rendered policy's
-statements the way IAM does (`*` matches any run of characters), so the check and the policy cannot drift.
+checked against it without AWS. The last tests judge requests against the rendered policy with IAM's rules
+(render/iam_eval.py), so the check and the policy cannot drift.
 """
 
 from __future__ import annotations
 
 import copy
-from fnmatch import fnmatchcase
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from trainlift.config.cluster import parse_cluster_spec
 from trainlift.config.job import validate_job_spec
 from trainlift.errors import SpecError
 from trainlift.render import JobInputs, render_cluster
+from trainlift.render.iam_eval import evaluate, make_request
 from trainlift.render.s3_access import S3Use, check_s3_access, job_s3_uses, s3_access_problems
 
 BASE: dict[str, Any] = {
@@ -112,11 +112,7 @@ def test_an_existing_role_is_the_users_to_scope():
 
 
 def _allowed(policy: dict[str, Any], action: str, arn: str) -> bool:
-    for statement in policy["Statement"]:
-        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-        if action in statement["Action"] and any(fnmatchcase(arn, r) for r in resources):
-            return True
-    return False
+    return evaluate(policy, make_request(action, arn)).allowed
 
 
 @pytest.mark.parametrize("use", [
@@ -138,3 +134,19 @@ def test_the_check_agrees_with_the_rendered_policy(use):
     obj = f"arn:aws:s3:::{bucket}/{key}" if key.endswith((".zip", ".jsonl")) else f"arn:aws:s3:::{bucket}/{key}/r/x"
     allowed = _allowed(policy, "s3:GetObject", obj) and (not use.write or _allowed(policy, "s3:PutObject", obj))
     assert allowed == (s3_access_problems(spec, [use]) == [])
+    if use.write and allowed:  # every write starts with HeadBucket: s3:ListBucket on the bucket, no s3:prefix
+        assert _allowed(policy, "s3:ListBucket", f"arn:aws:s3:::{bucket}")
+
+
+def test_the_listing_is_bucket_wide_only_where_the_job_writes():
+    """HeadBucket needs an unconditioned s3:ListBucket on the storage bucket (apache/arrow#49949); a bucket the
+    job only reads keeps its listing to the prefixes it reads."""
+    spec = cluster(s3={"uri": "s3://ckpt-bucket/ray-train", "read": ["s3://datasets/tasks", "s3://ckpt-bucket/code"]})
+    eksctl = next(m.body for m in render_cluster(spec) if m.path == "eksctl.yaml")
+    policy = eksctl["iam"]["serviceAccounts"][0]["attachPolicy"]
+    assert _allowed(policy, "s3:ListBucket", "arn:aws:s3:::ckpt-bucket")
+    assert not _allowed(policy, "s3:ListBucket", "arn:aws:s3:::datasets")
+    listing = lambda bucket, prefix: evaluate(policy, make_request("s3:ListBucket", f"arn:aws:s3:::{bucket}",
+                                                                   {"s3:prefix": prefix})).allowed
+    assert listing("datasets", "tasks/") and not listing("datasets", "other/")
+    assert not _allowed(policy, "s3:PutObject", "arn:aws:s3:::ckpt-bucket/code/x")  # the listing grants no write

@@ -1,6 +1,7 @@
 """What `trainlift rehearse` reads from a render (the reference deployment's golden files) and judges before it
 starts anything. Pure."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_the_role_check_reads_the_rendered_policy():
     assert role_problems(moved) == [
         "run.storage: the pods' S3 role does not allow s3:PutObject on s3://my-trainlift-checkpoints/code/runs",
         "runtime_env.working_dir: the pods' S3 role does not allow s3:GetObject on s3://other-bucket/job.zip"]
-    assert role_problems(replace(moved, s3_grants=())) == []  # an existing role_arn: its policy is not rendered
+    assert role_problems(replace(moved, s3_policy=None)) == []  # an existing role_arn: its policy is not rendered
 
 
 def test_the_entrypoint_is_the_rayjobs_with_the_probe_first_then_the_cpu_slots_then_the_users_overrides():
@@ -81,8 +82,8 @@ def test_trainlift_from_anywhere_but_py_modules_is_named():
 
 def test_a_render_in_another_partition_is_checked_the_same_way():
     plan = rehearsal_of(GOLDEN)
-    china = replace(plan, s3_grants=tuple((a, r.replace("arn:aws:", "arn:aws-cn:")) for a, r in plan.s3_grants))
-    assert role_problems(china) == []
+    policy = json.loads(json.dumps(plan.s3_policy).replace('"arn:aws:', '"arn:aws-cn:'))
+    assert role_problems(replace(plan, s3_policy=policy)) == []
 
 
 def test_the_render_queue_is_admitted_on_paper_and_an_edit_that_breaks_it_fails_the_check(tmp_path):
@@ -98,3 +99,30 @@ def test_the_render_queue_is_admitted_on_paper_and_an_edit_that_breaks_it_fails_
     queue_file.write_text(queue_file.read_text().replace("nominalQuota: '8'", "nominalQuota: '4'"))
     [check] = [c for c in judge(rehearsal_of(edited), "SUCCEEDED", "", "") if c[0].startswith("Kueue admits")]
     assert check[1] == "failed" and "it needs nvidia.com/gpu 8 in flavor ray-train-gpu-workers, whose quota" in check[2]
+
+
+def test_a_role_that_lists_only_under_prefixes_is_refused_before_anything_starts(tmp_path):
+    """The role trainlift rendered before (apache/arrow#49949): s3:ListBucket only with an s3:prefix condition.
+    Every write starts with pyarrow's HeadBucket, which S3 authorises as s3:ListBucket with no s3:prefix."""
+    import shutil
+
+    import pytest
+    import yaml
+
+    from trainlift.errors import UsageError
+    from trainlift.ops.rehearse import preflight
+
+    edited = tmp_path / "out"
+    shutil.copytree(GOLDEN, edited)
+    eksctl = yaml.safe_load((edited / "eksctl.yaml").read_text())
+    listing = eksctl["iam"]["serviceAccounts"][0]["attachPolicy"]["Statement"][1]
+    assert listing["Action"] == ["s3:ListBucket"] and "Condition" not in listing
+    listing["Condition"] = {"StringLike": {"s3:prefix": ["ray-train", "ray-train/*", "code", "code/*"]}}
+    (edited / "eksctl.yaml").write_text(yaml.safe_dump(eksctl))
+    plan = rehearsal_of(edited)
+    assert role_problems(plan) == [
+        "run.storage: the pods' S3 role does not allow s3:ListBucket with no s3:prefix (HeadBucket, which pyarrow "
+        "sends before it writes) on s3://my-trainlift-checkpoints/ray-train"]
+    with pytest.raises(UsageError) as info:
+        preflight(plan)  # before any S3 call or process
+    assert "render again" in info.value.hint

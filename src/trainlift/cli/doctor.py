@@ -59,12 +59,16 @@ def doctor(
         "core (peft for model.lora, tensorboard / mlflow-skinny for run.trackers, each runtime.pip line), on every "
         "node with --address. A missing one is a warning here, before the job (render and submit put what the image "
         "lacks in the job's runtime_env), and an error inside the job."),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", metavar="S3_URI", help="Also check that this machine (every node with --address, with the "
+        "pods' own role) may use this run storage as a job does: HeadBucket, then put, get and delete of a probe "
+        "object under it; one finding per refusal, naming the permission. Default: run.storage of --job, when on S3."),
     as_json: bool = typer.Option(False, "--json", help="Print every fact and finding as JSON."),
 ) -> None:
     """Check this machine's stack, or every node's with --address (then run `doctor nccl-log` / `doctor fabric`)."""
     if ctx.invoked_subcommand is not None:
         return
-    env_vars = {**_mlflow_env(mlflow_uri), **_job_env(job)}
+    env_vars = {**_mlflow_env(mlflow_uri), **_job_env(job), **_storage_env(storage, job)}
     os.environ.update(env_vars)
     if address:
         _doctor_cluster(address, expect_fabric.value, as_json, env_vars)
@@ -72,9 +76,11 @@ def doctor(
     from trainlift.doctor.packages import job_package_findings
     from trainlift.doctor.probe import probe
     from trainlift.doctor.rules import stack_rules
+    from trainlift.doctor.storage import storage_findings
 
     facts = probe()
-    findings = sort_findings(stack_rules(facts, expect_fabric.value) + job_package_findings(facts, _wanted_packages()))
+    findings = sort_findings(stack_rules(facts, expect_fabric.value) + job_package_findings(facts, _wanted_packages())
+                             + storage_findings(facts))
     if as_json:
         print_json({"facts": facts.to_dict(), "findings": [f.to_dict() for f in findings], "ok": not has_errors(findings)})
     else:
@@ -117,6 +123,20 @@ def _wanted_packages() -> JobPackages:
         raise UsageError(str(exc), hint=f"unset {ENV_VAR}, or pass --job SPEC") from None
 
 
+def _storage_env(uri: str | None, spec_path: Path | None) -> dict[str, str]:
+    """The run storage every node's probe checks: --storage, else the --job spec's run.storage when on S3."""
+    from trainlift.doctor.storage import storage_env
+
+    if uri is None and spec_path is not None:
+        from trainlift.config.job import load_job_spec
+
+        run_storage = load_job_spec(spec_path).run.storage
+        uri = run_storage if run_storage.startswith("s3://") else None
+    if uri is not None and (not uri.startswith("s3://") or len(uri) <= len("s3://")):
+        raise UsageError(f"--storage {uri!r} is not an s3:// URI", hint="e.g. --storage s3://my-bucket/ray-train")
+    return storage_env(uri)
+
+
 def _mlflow_env(uri: str | None) -> dict[str, str]:
     """What the probe needs in every node's environment to check MLflow: the URI, never a credential."""
     from trainlift.redact import refuse_uri_credentials
@@ -150,6 +170,7 @@ def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[
     from trainlift.doctor.nodes import connect, probe_nodes
     from trainlift.doctor.packages import job_package_findings
     from trainlift.doctor.rules import differences, judge_nodes
+    from trainlift.doctor.storage import storage_findings
 
     # `auto`: on a node, inside a job that brought trainlift and its environment
     connect(address, ship_code=address != "auto", env_vars=env_vars if address != "auto" else None)
@@ -161,6 +182,7 @@ def _probe_cluster(address: str, expect: str, env_vars: dict[str, str]) -> dict[
                                for n in nodes if n.facts is None]
     wanted = _wanted_packages()
     findings += [x for n in nodes if n.facts for x in job_package_findings(n.facts, wanted, n.name)]
+    findings += [x for n in nodes if n.facts for x in storage_findings(n.facts, n.name)]
     findings = sort_findings(findings + judge_nodes([(n.name, n.facts, n.is_head) for n in nodes if n.facts], expect))
     return {"address": address, "nodes": [n.to_dict() for n in nodes],
             "differences": differences([(n.name, n.facts) for n in nodes if n.facts is not None]),

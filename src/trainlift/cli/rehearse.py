@@ -33,7 +33,8 @@ def rehearse(
     env; the RayJob's entrypoint and runtimeEnvYAML are submitted through the Jobs API as its submitter pod
     would, with one training worker per worker pod and the job's GPU settings mapped to CPU ones (printed as
     "rehearsed as"; your --set come after). s3:// URIs are read from the S3 endpoint this environment
-    names (AWS_ENDPOINT_URL), so code, trainlift, data and checkpoints travel as on EKS. With the image's
+    names (AWS_ENDPOINT_URL), so code, trainlift, data and checkpoints travel as on EKS; on a moto_server, every
+    S3 request the job and its Ray make is recorded and judged against the pods' role with IAM's rules. With the image's
     environment, a package the job imports that the image lacks, or a Ray or transformers API that differs in the
     image's releases, fails here as it would on the cluster. Exit 1 when a check fails.
     """

@@ -19,6 +19,7 @@ from importlib import metadata
 from typing import Any
 
 from trainlift.doctor.mlflow_probe import mlflow_access
+from trainlift.doctor.storage_probe import storage_access
 from trainlift.ops.run import run
 
 # Where the aws-ofi-nccl plugin is installed: EFA installer >= 1.44, older
@@ -71,6 +72,7 @@ class Facts:
     shm_bytes: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     mlflow: dict[str, Any] | None = None  # doctor.mlflow_probe.mlflow_access
+    storage: dict[str, Any] | None = None  # doctor.storage_probe.storage_access: the run storage, as this node may use it
     job_packages: dict[str, str | None] = field(default_factory=dict)  # doctor.packages: name -> version, None: missing
     notes: list[str] = field(default_factory=list)
 
@@ -100,6 +102,7 @@ def probe() -> Facts:
         k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k == "LD_LIBRARY_PATH"
     }
     facts.mlflow = mlflow_access(os.environ)
+    facts.storage = storage_access(os.environ)
     _job_package_facts(facts)
     return facts
 

@@ -10,12 +10,14 @@ A GPU pod's job runs on its CPU slots: the rehearsal appends `ON_CPU_SLOTS` to t
 (before the user's `--set`, which win). Every failure that can be known before Ray starts (no credentials, no S3
 endpoint, a runtime_env object or a bucket that is not there) is one `UsageError` from `s3_preflight`.
 
+The pods' S3 role is checked twice: on paper before anything starts (`role_problems`: each URI's first requests,
+HeadBucket included), and on every request the job really made, recorded at the S3 server (`rehearse_s3`).
+
 The first part reads the manifests and judges them (pure); `run` checks S3, starts the processes and submits.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shlex
@@ -26,7 +28,9 @@ from typing import Any
 import yaml
 
 from trainlift.errors import UsageError
+from trainlift.ops.rehearse_s3 import RoleVerdict, Tape, policy_partition, recording, role_verdict, s3_endpoint
 from trainlift.render import admission
+from trainlift.render.iam_eval import PolicyError, evaluate, make_request
 from trainlift.render.s3_access import split_s3
 
 # Run by the job before its entrypoint: where `import trainlift` resolves on the head. Ray unpacks a job's
@@ -40,7 +44,8 @@ NOT_PROVEN = ("EFA and the NCCL transport", "GPU memory and speed",
               "the image's CUDA builds (torch, NCCL, flash-attn) and its Python 3.13 where another one runs here",
               "Kubernetes scheduling and Kueue admission on a live API server (checked on paper only: node "
               "selectors, taints, device plugins, quotas)",
-              "IAM enforcement (this environment's credentials are used; the pods' role policy is only read)")
+              "IAM beyond the role's own policy (bucket policies, SCPs, KMS keys); without an S3 server that "
+              "records requests (moto_server), IAM enforcement of the role itself")
 # What a GPU job asks of a worker that a CPU slot cannot give, and what the rehearsal asks instead. The job spec
 # lies inside the working_dir zip on S3, so these go in whatever it says (each is what `auto` means on a CPU).
 # model.dtype stays: bf16 compute runs on CPU (FSDP2 over gloo), slower but the same code path.
@@ -67,7 +72,7 @@ class Rehearsal:
     entrypoint: str
     runtime_env: dict[str, Any]
     s3_uses: tuple[tuple[str, str, bool], ...]  # (what, uri, written)
-    s3_grants: tuple[tuple[str, str], ...] = field(default=())  # (action, resource pattern) of the pods' role
+    s3_policy: dict[str, Any] | None = None  # the pods' role's rendered policy; None: an existing role_arn
     rehearsed_as: tuple[str, ...] = ()  # `--set` overrides the job gets because its GPUs are CPU slots here
     image: str = ""  # what the pods run
     queue: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # Kueue on paper: (admitted lines, problems)
@@ -91,15 +96,16 @@ def _pod_group(name: str, replicas: int, group: dict[str, Any]) -> PodGroup:
     return PodGroup(name, replicas, params, env, secrets)
 
 
-def _grants(eksctl: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    grants = []
-    for account in eksctl.get("iam", {}).get("serviceAccounts", []):
-        for statement in account.get("attachPolicy", {}).get("Statement", []):
-            actions = statement.get("Action", [])
-            resources = statement.get("Resource", [])
-            for action in [actions] if isinstance(actions, str) else actions:
-                grants += [(action, r) for r in ([resources] if isinstance(resources, str) else resources)]
-    return tuple(grants)
+def _policy(eksctl: dict[str, Any], service_account: str | None) -> dict[str, Any] | None:
+    """The policy eksctl attaches to the pods' service account (every account's, when none is named)."""
+    accounts = eksctl.get("iam", {}).get("serviceAccounts", [])
+    ours = [a for a in accounts if a.get("metadata", {}).get("name") == service_account] or accounts
+    found = [s for a in ours for s in _as_list(a.get("attachPolicy", {}).get("Statement", []))]
+    return {"Version": "2012-10-17", "Statement": found} if found else None
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 def rehearsal_of(out_dir: Path) -> Rehearsal:
@@ -116,8 +122,9 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
     uses += [("runtime_env.py_modules", m, False) for m in runtime_env.get("py_modules", [])]
     if storage := re.search(r"--set[ =]run\.storage=(\S+)", job["entrypoint"]):
         uses.append(("run.storage", storage.group(1), True))
+    account = cluster["headGroupSpec"]["template"]["spec"].get("serviceAccountName")
     return Rehearsal(head, workers, job["entrypoint"], runtime_env,
-                     tuple(u for u in uses if str(u[1]).startswith("s3://")), _grants(eksctl),
+                     tuple(u for u in uses if str(u[1]).startswith("s3://")), _policy(eksctl, account),
                      ON_CPU_SLOTS if gpu_pods else (),
                      cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("image", ""),
                      _queue_on_paper(out_dir))
@@ -136,20 +143,37 @@ def _queue_on_paper(out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | 
             tuple(p.line() for p in problems))
 
 
+# What a written location needs beyond GetObject and PutObject: pyarrow's create_dir (trainlift's writes, Ray
+# Train's storage setup) sends HeadBucket first, which S3 authorises as s3:ListBucket with no s3:prefix.
+HEAD_BUCKET = " with no s3:prefix (HeadBucket, which pyarrow sends before it writes)"
+
+
+def _needed(uri: str, written: bool, partition: str) -> list[tuple[str, str, str]]:
+    """(action, resource ARN, note) the job's first requests to `uri` need."""
+    bucket, key = split_s3(uri)
+    arn = f"arn:{partition}:s3:::{bucket}"
+    if not written:
+        return [("s3:GetObject", f"{arn}/{key}", "")]
+    probe = f"{arn}/{key}/trainlift-rehearsal" if key else f"{arn}/trainlift-rehearsal"
+    return [("s3:GetObject", probe, ""), ("s3:PutObject", probe, ""), ("s3:ListBucket", arn, HEAD_BUCKET)]
+
+
 def role_problems(rehearsal: Rehearsal) -> list[str]:
-    """Each S3 URI the job reads (or writes) that no statement of the pods' role allows, as the role would see it.
-    A render without the role's policy (an existing `storage.s3.role_arn`) leaves nothing to check against."""
-    problems = []
-    if not rehearsal.s3_grants:
-        return problems
+    """Each S3 URI the job reads (or writes) that the pods' role does not allow, judged by IAM's rules on the
+    requests the job starts with. A render without the role's policy (an existing `storage.s3.role_arn`) leaves
+    nothing to check against."""
+    policy = rehearsal.s3_policy
+    if not policy:
+        return []
+    partition, problems = policy_partition(policy), []
     for what, uri, written in rehearsal.s3_uses:
-        bucket, key = split_s3(uri)
-        obj = f"{bucket}/{key}/trainlift-rehearsal" if written else f"{bucket}/{key}"
-        for action in ("s3:GetObject", "s3:PutObject") if written else ("s3:GetObject",):
-            # Resources compared after `arn:<partition>:s3:::`, so China and GovCloud renders check the same way.
-            if not any(a in (action, "s3:*", "*") and fnmatch.fnmatchcase(obj, r.partition(":::")[2])
-                       for a, r in rehearsal.s3_grants):
-                problems.append(f"{what}: the pods' S3 role does not allow {action} on {uri}")
+        for action, resource, note in _needed(uri, written, partition):
+            try:
+                allowed = evaluate(policy, make_request(action, resource, {"aws:SecureTransport": "true"})).allowed
+            except PolicyError:
+                return []  # a policy this check cannot judge: the recorded requests' check says so
+            if not allowed:
+                problems.append(f"{what}: the pods' S3 role does not allow {action}{note} on {uri}")
     return problems
 
 
@@ -285,6 +309,7 @@ class Outcome:
     message: str
     checks: list[tuple[str, str, str]]  # (what, ok | failed, evidence)
     rehearsed_as: tuple[str, ...] = ()  # the `--set` the rehearsal put before the user's (`rehearsed_as()`)
+    s3_requests: dict[str, Any] = field(default_factory=dict)  # rehearse_s3.RoleVerdict.report
 
     @property
     def ok(self) -> bool:
@@ -293,15 +318,17 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "ok": self.ok, "message": self.message,
                 "checks": [{"check": c, "state": s, "evidence": e} for c, s, e in self.checks],
-                "rehearsed_as": list(self.rehearsed_as),
+                "rehearsed_as": list(self.rehearsed_as), "s3_requests": self.s3_requests,
                 "not_proven": list(NOT_PROVEN)}
 
 
 def preflight(rehearsal: Rehearsal) -> None:
     """The role and S3 checks: one UsageError, before any process starts (or any environment is built)."""
     if problems := role_problems(rehearsal):
-        raise UsageError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                         hint="put it under the cluster spec's storage.s3.uri or storage.s3.read, and render again")
+        hint = ("render again: the role trainlift renders now allows s3:ListBucket on the storage bucket without "
+                "a prefix condition (docs/security.md says what that exposes)" if HEAD_BUCKET in problems[0] else
+                "put it under the cluster spec's storage.s3.uri or storage.s3.read, and render again")
+        raise UsageError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), hint=hint)
     s3_preflight(rehearsal)
 
 
@@ -314,13 +341,15 @@ def run(rehearsal: Rehearsal, overrides: list[str], timeout_s: float = 900.0,
     pods = sum(g.replicas for g in rehearsal.workers)
     settings = rehearsed_as(rehearsal, pods)
     echo("rehearsed as: " + " ".join(f"--set {o}" for o in settings) + (" (then yours)" if overrides else ""))
-    with LocalCluster(rehearsal, echo, bin_dir) as cluster:
+    with LocalCluster(rehearsal, echo, bin_dir) as cluster, recording(s3_endpoint()) as tape:
         status, logs, message = cluster.submit_and_wait(job_entrypoint(rehearsal, overrides, pods),
                                                         rehearsal.runtime_env, timeout_s)
-    return Outcome(status, logs, message, judge(rehearsal, status, logs, message), settings)
+    verdict = role_verdict(rehearsal.s3_policy, tape, len(rehearsal.s3_uses))
+    return Outcome(status, logs, message, judge(rehearsal, status, logs, message, verdict), settings, verdict.report)
 
 
-def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tuple[str, str, str]]:
+def judge(rehearsal: Rehearsal, status: str, logs: str, message: str,
+          role: RoleVerdict | None = None) -> list[tuple[str, str, str]]:
     started = bool(imported_from(logs))
     not_started = NOT_IMPORTABLE if "No module named 'trainlift'" in logs else _tail(message or logs)
     checks = [("the Jobs API took the RayJob's entrypoint and runtime_env, and it set up on the nodes",
@@ -331,10 +360,9 @@ def judge(rehearsal: Rehearsal, status: str, logs: str, message: str) -> list[tu
                        "failed" if problem else "ok", problem or "imported from the job's runtime_env"))
     checks.append(("the job ran to its end (data read, steps trained, checkpoints and export written)",
                    "ok" if status == "SUCCEEDED" else "failed", status if status == "SUCCEEDED" else _tail(logs)))
-    covered = ", ".join(uri for _, uri, _ in rehearsal.s3_uses) or "no s3:// URI"
-    checks.append((f"the pods' S3 role covers {len(rehearsal.s3_uses)} URI(s) of the RayJob", "ok",
-                   covered if rehearsal.s3_grants else "not checked: the render holds no policy of the role "
-                   "(an existing role_arn)"))
+    role = role or role_verdict(rehearsal.s3_policy, Tape("", why_not="no S3 requests recorded"),
+                                len(rehearsal.s3_uses))
+    checks.append((role.title, role.state, role.evidence))
     if rehearsal.queue is not None:
         admitted, refused = rehearsal.queue
         checks.append(("Kueue admits what the render queues, on paper (quotas, in apply order)",

@@ -1,7 +1,8 @@
 """What the pods' S3 role may touch: the IAM policy eksctl attaches, and the check that a job stays inside it. Pure.
 
 The role (IRSA, rendered in eksctl.yaml) may read and write under `storage.s3.uri` and
-read under each `storage.s3.read` location, nothing else. `s3_access_problems` finds
+read under each `storage.s3.read` location, nothing else; it may list the key names of the storage bucket (S3
+authorises HeadBucket, which every write path sends first, as a bucket-wide listing). `s3_access_problems` finds
 every S3 URI a job uses that the role does not cover, so render and submit refuse it
 before anything starts. An existing role (`storage.s3.role_arn`) is the user's: its
 policy is not visible here, so nothing is checked against it, except that code (the
@@ -67,7 +68,12 @@ def _one_or_many(items: list[str]) -> str | list[str]:
 
 
 def s3_policy(s3: S3Storage, region: str) -> dict[str, Any]:
-    """Least privilege: list, read, write and delete under the storage prefix; list and read the `read` locations."""
+    """Least privilege: read, write and delete under the storage prefix, and read the `read` locations.
+
+    Listing: the storage bucket's `s3:ListBucket` has no `s3:prefix` condition. Writing there starts with pyarrow's
+    `create_dir`, which sends HeadBucket, and S3 authorises HeadBucket as `s3:ListBucket` with no `s3:prefix` in
+    the request: a prefix condition denies it (apache/arrow#49949). It lets the role list the key names (not read
+    the contents) of the whole bucket: docs/security.md. A bucket the job only reads keeps the condition."""
     arn = f"arn:{_partition(region)}:s3:::"
     grants = role_grants(s3)
     buckets = list(dict.fromkeys(g.bucket for g in grants))
@@ -77,7 +83,7 @@ def s3_policy(s3: S3Storage, region: str) -> dict[str, Any]:
     for bucket in buckets:
         prefixes = [g.prefix for g in grants if g.bucket == bucket]
         listing: dict[str, Any] = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": arn + bucket}
-        if all(prefixes):
+        if all(prefixes) and bucket != grants[0].bucket:
             allowed = [p for prefix in dict.fromkeys(prefixes) for p in (prefix, f"{prefix}/*")]
             listing["Condition"] = {"StringLike": {"s3:prefix": allowed}}
         statements.append(listing)
