@@ -9,6 +9,9 @@ class TrainliftError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        from trainlift.redact import mask  # what an error says is shown: never a credential it came across
+
+        message, hint = mask(message), None if hint is None else mask(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

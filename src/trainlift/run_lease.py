@@ -2,8 +2,10 @@
 the same moment exactly one trains it.
 
 On a local (or shared) disk the claim (read the record, judge it, write this driver's) runs under an exclusive
-lock on `<run>/.driver.lock`. On S3 the record is created only if absent (If-None-Match: *), and a dead driver's
-record is replaced only if it is unchanged since it was read (If-Match on its ETag). Imports neither torch nor Ray.
+lock on `<run>/.driver.lock`; a run directory holding a link anywhere is refused first (rundir.refuse_links), and
+the record is written to a fresh file renamed into place, so no write follows a link. On S3 the record is created
+only if absent (If-None-Match: *), and a dead driver's record is replaced only if it is unchanged since it was read
+(If-Match on its ETag). Imports neither torch nor Ray.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import contextlib
 import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from trainlift.rundir import DRIVER_RECORD
+from trainlift.rundir import DRIVER_RECORD, open_local, refuse_links
 
 LOCK_FILE = ".driver.lock"
 PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
@@ -54,14 +57,17 @@ def release(uri: str) -> None:
 
 def _claim_local(run_dir: Path, record: dict[str, Any], held) -> dict[str, Any] | None:
     run_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(str(run_dir))
     path = run_dir / DRIVER_RECORD
-    with open(run_dir / LOCK_FILE, "a") as lock:
+    with open_local(str(run_dir / LOCK_FILE), append=True) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         existing = _parse(path.read_text()) if path.is_file() else None
         if existing is not None and held(existing):
             raise RunHeld(existing)
-        staged = run_dir / f".{DRIVER_RECORD}.{os.getpid()}"
-        staged.write_text(json.dumps(record))
+        fd, staged = tempfile.mkstemp(prefix=f".{DRIVER_RECORD}.", dir=run_dir)  # a new file: O_EXCL, no link
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(record))
+        os.chmod(staged, 0o644)
         os.replace(staged, path)
         return existing
 

@@ -1,17 +1,23 @@
-"""Read what a run left in its directory (local or s3://): metrics rows, the summary, its state.
+"""Read what a run left in its directory (local or s3://): metrics rows, the summary, its state; and write a local
+run directory's files without following links.
+
+A link in a local run directory (spec.json pointing at another file of the user's) would have trainlift overwrite
+whatever it points at: trainlift writes a local run's files with O_NOFOLLOW, and refuses, in one line, a run
+directory that holds a link when a driver claims it (run_lease), before anything of the run is written.
 
 Used by `trainlift report` and `trainlift runs`; imports neither torch nor Ray.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import pyarrow.fs as pafs
 
@@ -31,10 +37,52 @@ def open_uri(uri: str) -> tuple[pafs.FileSystem, str]:
                               "AWS_REGION and AWS_ENDPOINT_URL") from None
 
 
-def _absolute(path: str) -> str:
-    from pathlib import Path
+def link_refused(path: str, run_dir: str | None = None) -> UsageError:
+    """The one line for a link where trainlift writes a run's file."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return UsageError(f"{path} is a symbolic link{target}: trainlift writes a run's files itself and follows no link "
+                      "in a run directory",
+                      hint=f"remove the link, and check who else can write {run_dir or os.path.dirname(path)}")
 
-    return str(Path(path).expanduser().resolve())
+
+def refuse_links(run_dir: str) -> None:
+    """Refuse a local run directory holding a link anywhere below it (its own path may be one)."""
+    for dirpath, dirnames, filenames in os.walk(run_dir):
+        for name in sorted(dirnames) + sorted(filenames):
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise link_refused(os.path.join(dirpath, name), run_dir)
+
+
+def open_local(path: str, append: bool = False) -> IO[bytes]:
+    """A local run file opened for writing (truncated, or appended to) without following a link at `path`:
+    refused in one line when it is one."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise link_refused(path) from None
+        raise
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def write_file(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """`data` as the run file `path` on `fs`: on a local disk without following a link (`open_local`)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        with open_local(path) as out:
+            out.write(data)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _absolute(path: str) -> str:
+    from trainlift.home import expand_user
+
+    return str(expand_user(path).resolve())
 
 
 def _read(fs: pafs.FileSystem, path: str) -> str | None:

@@ -117,9 +117,12 @@ def repo_copy(tmp_path_factory):
     """The repository root as commands see it after `make demo`, with a finished run written without training."""
     root = tmp_path_factory.mktemp("repo")
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
-    for entry in ROOT.iterdir():  # the rest is read only: linked
+    for entry in ROOT.iterdir():  # copied, not linked: `submit` refuses a link out of the project it uploads
         if not entry.name.startswith(".") and entry.name not in {"examples", "runs", "out"}:
-            (root / entry.name).symlink_to(entry)
+            if entry.is_dir():
+                shutil.copytree(entry, root / entry.name, ignore=shutil.ignore_patterns("__pycache__", "out"))
+            else:
+                shutil.copy2(entry, root / entry.name)
     run = root / "runs" / "tiny-demo"
     run.mkdir(parents=True)
     rows = [{"event": "start", "step": 0, "total_steps": 4, "world": 2, "resumed_from": None, "time": 0.0},

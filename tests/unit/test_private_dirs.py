@@ -145,3 +145,79 @@ def test_a_link_another_user_planted_to_a_directory_of_this_users_is_refused(tem
     os.chown(link, OTHER_UID, -1, follow_symlinks=False)
     with pytest.raises(TrainliftError, match=f"{link} is owned by uid {OTHER_UID}"):
         fetch.cache_root()
+
+
+@pytest.fixture
+def short_tmp(monkeypatch):
+    """A short temporary directory as TMPDIR (Ray's socket paths fit under it), removed afterwards."""
+    short = tempfile.mkdtemp(prefix="tl", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", short)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    yield short
+    import shutil
+
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def test_rays_directory_is_in_this_users_private_temporary_directory(short_tmp):
+    ray_dir = localray.ray_temp_dir()
+    assert str(ray_dir) == f"{short_tmp}/trainlift-{os.geteuid()}/ray"
+    assert mode(ray_dir) == mode(ray_dir.parent) == 0o700
+    assert localray.private_ray_env(ray_dir) == {"RAY_TMPDIR": str(ray_dir.parent)}
+
+
+def test_rays_directory_leaves_a_temporary_directory_too_long_for_its_sockets(short_tmp, monkeypatch, tmp_path):
+    long_tmp = tmp_path / ("t" * 60)
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(localray, "SHORT_TMP", localray.Path(short_tmp))
+    ray_dir = localray.ray_temp_dir()
+    assert str(ray_dir) == f"{short_tmp}/trainlift-{os.geteuid()}/ray" and mode(ray_dir.parent) == 0o700
+    assert len(str(ray_dir)) + localray.SOCKET_TAIL <= localray.SOCKET_PATH_MAX
+
+
+def test_seal_closes_the_directories_ray_opened_and_follows_no_link(tmp_path):
+    """Ray makes each directory it creates 0777; a link in its tree is not followed."""
+    root, outside = tmp_path / "ray", tmp_path / "outside"
+    (root / "session_1" / "sockets").mkdir(parents=True)
+    outside.mkdir()
+    for path in (root, root / "session_1", root / "session_1" / "sockets", outside):
+        path.chmod(0o777)
+    (root / "session_latest").symlink_to(outside)
+    localray.seal(root)
+    assert [mode(p) for p in (root, root / "session_1", root / "session_1" / "sockets")] == [0o700] * 3
+    assert mode(outside) == 0o777
+
+
+@pytest.fixture
+def password_home(tmp_path, monkeypatch):
+    """This user's home as the password database has it: a directory of tmp_path."""
+    import pwd
+
+    from trainlift import home
+
+    entry = tmp_path / "from-passwd"
+    entry.mkdir()
+    real = pwd.getpwuid(os.geteuid())
+    monkeypatch.setattr(home.pwd, "getpwuid", lambda uid: type(real)((*real[:5], str(entry), real[6])))
+    return entry
+
+
+def test_an_empty_trainlift_home_is_unset_not_the_working_directory(tmp_path, monkeypatch, password_home):
+    work = tmp_path / "project"
+    work.mkdir(mode=0o755)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINLIFT_HOME", "")
+    assert trainlift_home() == tmp_path / "home" / ".trainlift"
+    assert mode(work) == 0o755
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_home_is_the_password_databases_not_the_root(monkeypatch, password_home, empty):
+    monkeypatch.setenv("HOME", empty)
+    monkeypatch.delenv("TRAINLIFT_HOME", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    assert trainlift_home() == password_home / ".trainlift" and mode(password_home / ".trainlift") == 0o700
+    assert localray.auth_token_path() == password_home / ".ray" / "auth_token"

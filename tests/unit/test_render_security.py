@@ -120,18 +120,43 @@ def test_a_ray_or_kuberay_without_token_authentication_is_refused(field, value, 
 
 # --- who reaches the Ray pods ---------------------------------------------------------------------
 
-def test_only_pods_of_the_namespace_and_kuberays_operator_reach_the_ray_pods():
+RAY_POD = {"podSelector": {"matchLabels": {"ray.io/is-ray-node": "yes"}}}
+
+
+def port_set(ports: list[dict[str, Any]]) -> set[int]:
+    return {p for entry in ports for p in range(entry["port"], entry.get("endPort", entry["port"]) + 1)}
+
+
+def test_ray_pods_reach_each_other_on_rays_and_the_jobs_ports_only():
     policy = rendered()["k8s/05-networkpolicy.yaml"]
     assert core_problems(policy, "1.36") == []
     assert policy["metadata"]["namespace"] == "ray-train"
     spec = policy["spec"]
-    assert spec["podSelector"] == {"matchLabels": {"ray.io/is-ray-node": "yes"}} and spec["policyTypes"] == ["Ingress"]
-    same_namespace, operator = spec["ingress"]
-    assert same_namespace == {"from": [{"podSelector": {}}]}  # no namespaceSelector: this namespace only
-    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {
+    assert spec["podSelector"] == RAY_POD["podSelector"] and spec["policyTypes"] == ["Ingress", "Egress"]
+    ray_pods, _ = spec["ingress"]
+    assert ray_pods["from"] == [RAY_POD]  # no namespaceSelector: this namespace only
+    ports = port_set(ray_pods["ports"])
+    assert {6379, 8265, 10001, 52365, 10002, 19999, 32768, 60999} <= ports
+    assert not ports & {22, 80, 443, 2049, 6380, 8080, 9090, 20000, 32767, 61000}  # nothing else opens
+
+
+def test_only_the_namespaces_pods_and_kuberays_operator_reach_the_dashboard():
+    _, dashboard = rendered()["k8s/05-networkpolicy.yaml"]["spec"]["ingress"]
+    assert dashboard["from"] == [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "kuberay-operator"}}}]
-    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
-    assert "ipBlock" not in json.dumps(spec)
+    assert dashboard["ports"] == [{"protocol": "TCP", "port": 8265}]
+
+
+def test_the_ray_pods_egress_is_stated():
+    spec = rendered()["k8s/05-networkpolicy.yaml"]["spec"]
+    ray_pods, dns, https, private = spec["egress"]
+    assert ray_pods["to"] == [RAY_POD] and port_set(ray_pods["ports"]) == port_set(spec["ingress"][0]["ports"])
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert port_set(dns["ports"]) == {53} and {p["protocol"] for p in dns["ports"]} == {"UDP", "TCP"}
+    assert https == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}],
+                     "ports": [{"protocol": "TCP", "port": 443}]}
+    assert [t["ipBlock"]["cidr"] for t in private["to"]] == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
 
 
 def test_the_vpc_cni_enforces_network_policies():
@@ -231,9 +256,25 @@ def test_a_bad_cidr_is_refused_at_parse_time():
 def test_ray_containers_keep_no_capability_but_the_workers_ipc_lock():
     cluster = rendered()["k8s/20-raycluster.yaml"]["spec"]
     head, worker = (p["containers"][0]["securityContext"] for p in pods(cluster))
-    assert head == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    assert worker == {"allowPrivilegeEscalation": False, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
+    default_seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert head == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, **default_seccomp}
+    assert worker == {"allowPrivilegeEscalation": False, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
+                      **default_seccomp}
     assert "runAsNonRoot" not in json.dumps(cluster)  # the image runs as root
+
+
+def test_every_ray_pod_runs_under_the_default_seccomp_profile_without_an_api_token():
+    own = JobInputs(**{**JOB.__dict__, "shutdown_after_finish": True})
+    rayjob = rendered(make(scheduler="none"), own)["k8s/30-rayjob.yaml"]
+    cluster = rendered()["k8s/20-raycluster.yaml"]
+    assert crd_problems(rayjob) == [] and crd_problems(cluster) == []
+    for spec in (cluster["spec"], rayjob["spec"]["rayClusterSpec"]):
+        assert spec["enableInTreeAutoscaling"] is False  # the one Ray container that would need the API
+        for pod in pods(spec):
+            assert pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == "ray-train"
+            assert [c["securityContext"]["seccompProfile"] for c in pod["containers"]] == [{"type": "RuntimeDefault"}]
+    submitter = rayjob["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
+    assert submitter["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_a_credentialed_uri_in_the_pods_environment_is_refused_without_echoing_it():
@@ -395,3 +436,18 @@ def test_jobs_on_an_eks_cluster_are_read_with_its_token_and_no_address(tmp_path,
     assert [(j["id"], j["status"]) for j in json.loads(listed.stdout)] == [("sft-1", "RUNNING")]
     assert "RAY_AUTH_TOKEN" not in os.environ
     assert "--cluster reaches the head by itself; drop --address" in both.exception.one_line()
+
+
+def test_the_cluster_directory_is_private(tmp_path, monkeypatch):
+    """It holds the cluster's kubeconfig and chart digests: created 0700, refused where others may write."""
+    from trainlift.ops import lifecycle
+
+    monkeypatch.chdir(tmp_path)
+    root = lifecycle.cluster_dir(make(), None)
+    files, written = lifecycle._render(make(), root, True)
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700 and written
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(TrainliftError, match=rf"^{shared} is writable by users other than you"):
+        lifecycle._render(make(), str(shared), True)

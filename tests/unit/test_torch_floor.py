@@ -36,6 +36,9 @@ PUBLIC_SINCE = {
     "torch.distributed.checkpoint.Metadata": ("2.0", CORE),
     "torch.distributed.checkpoint.CheckpointException": ("2.0", CORE),
     "torch.distributed.checkpoint.metadata.StorageMeta": ("2.4", "Metadata.storage_meta since 2.4 (#124772)"),
+    **{f"torch.distributed.checkpoint.{name}": ("2.0", "DCP's metadata classes (.metadata pickles them), by 2.0")
+       for name in ("metadata.BytesStorageMetadata", "metadata.ChunkStorageMetadata", "metadata.MetadataIndex",
+                    "metadata.TensorProperties", "metadata.TensorStorageMetadata", "filesystem._StorageInfo")},
     "torch.distributed.checkpoint.filesystem.FileSystemBase": ("2.3", "base of the fsspec reader, present by 2.3"),
     "torch.distributed.checkpoint.state_dict.StateDictOptions": ("2.3", DCP_STATE_DICT),
     "torch.distributed.checkpoint.state_dict.get_model_state_dict": ("2.3", DCP_STATE_DICT),

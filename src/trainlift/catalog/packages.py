@@ -49,6 +49,30 @@ def requirement_name(text: str) -> str:
     return normalize(match.group(1)) if match else ""
 
 
+def requirement_problem(line: str) -> str | None:
+    """Why `line` may not travel in a job's runtime_env pip: not a requirement, or one installed from a URL (a VCS
+    checkout, an archive, a file), whose content no version pins."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        return f"'{line}' is not a pip requirement (a name, optionally ==version)"
+    if requirement.url:
+        return (f"'{requirement.name} @ ...' installs from a URL, whose content no version pins; name a release of "
+                f"the package index instead ({requirement.name}==VERSION)")
+    return None
+
+
+def refuse_requirement(where: str, line: str) -> None:
+    """One line naming `where` when `line` holds a credential (not echoed) or may not travel in a job's pip."""
+    from trainlift.redact import refuse_credentials
+
+    refuse_credentials(where, line)
+    if (problem := requirement_problem(line)) is not None:
+        raise SpecError(f"{where}: {problem}", hint="pin a release: NAME==VERSION")
+
+
 def pinned_version(text: str) -> str | None:
     match = re.search(r"===?\s*([^\s;,]+)\s*(?:;.*)?$", text)
     return match.group(1) if match else None

@@ -51,8 +51,10 @@ def main() -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help
             exc.show()
             sys.exit(exc.exit_code)
+        from trainlift.redact import mask
+
         command = exc.ctx.command_path if getattr(exc, "ctx", None) else "trainlift"
-        err_console.print(f"[bold red]error:[/] {escape(exc.format_message())} (see `{command} --help`)",
+        err_console.print(f"[bold red]error:[/] {escape(mask(exc.format_message()))} (see `{command} --help`)",
                           highlight=False, soft_wrap=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except typer.Abort:

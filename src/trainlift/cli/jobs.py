@@ -164,13 +164,13 @@ def submit(
     `<id>-2`, `<id>-3`, ... resumes from the newest checkpoint. A different spec with the same run name is refused
     while that run has an active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
     """
+    from trainlift.catalog.packages import refuse_requirement
     from trainlift.cli.estimate import check_fits_cluster
     from trainlift.ops import jobs
-    from trainlift.redact import refuse_uri_credentials
 
     env_vars = jobs.parse_env(env, os.environ)
     for requirement in pip:
-        refuse_uri_credentials("--pip", requirement)
+        refuse_requirement("--pip", requirement)
     overrides = list(set_)
     spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude, include_ignored)
     _show_upload(plan, dry_run, json_out)

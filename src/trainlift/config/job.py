@@ -17,7 +17,7 @@ from trainlift.config.data import DataSection
 from trainlift.config.errors import field_path, first_error, unknown_key_suggestion
 from trainlift.errors import SpecError
 from trainlift.config.section import Section as _Section
-from trainlift.redact import URI_CREDENTIALS, URI_CREDENTIALS_FIX, has_uri_credentials, uri_credentials
+from trainlift.redact import credential_problem, uri_credentials
 
 
 class LoraSection(_Section):
@@ -67,8 +67,11 @@ class ModelSection(_Section):
         "so only its cheap elementwise ops (norms, rotary, activations) run again: more memory than inputs, "
         "almost no recompute.")
     attn_implementation: Literal["auto", "flash_attention_2", "flex_attention", "sdpa", "eager"] = Field(
-        "auto", description="Attention kernel. auto: flash_attention_2 on a GPU with flash-attn installed (packed "
-        "examples by their position ids), else flex_attention on a GPU (a block mask, no dense one), else sdpa.")
+        "auto", description="Attention kernel; every one keeps packed examples apart. auto, among the kernels the "
+        "model supports: on a GPU flash_attention_2 (bf16, sm_80+, flash-attn loads), else flex_attention (a block "
+        "mask, where the GPU's shared memory fits its backward), else sdpa, else eager; on a CPU sdpa, or eager for "
+        "a model without it (Gemma 2). An explicit kernel the model or model.dtype cannot run is refused before Ray "
+        "starts, naming the kernels that would work.")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
     lora: LoraSection | None = Field(None, description="Train LoRA adapters instead of every weight (absent: full fine-tuning).")
 
@@ -100,6 +103,9 @@ class DpoSection(_Section):
                                    "(conservative DPO); 0: plain DPO.")
     sft_weight: float = Field(0.0, ge=0, description="Weight of the chosen response's per-token NLL added to each "
                               "pair's loss (as RPO); 0: none.")
+    dropout: bool = Field(False, description="Keep the model's dropout (LoRA's too) on in the policy. Off by default, "
+                          "as TRL's DPO does: the reference is scored without dropout, so dropout in the policy "
+                          "alone turns the rewards into noise.")
 
 
 class TrainSection(_Section):
@@ -235,13 +241,11 @@ class RuntimeSection(_Section):
     @field_validator("pip")
     @classmethod
     def _requirements(cls, value: list[str]) -> list[str]:
-        from packaging.requirements import InvalidRequirement, Requirement
+        from trainlift.catalog.packages import requirement_problem
 
         for line in value:
-            try:
-                Requirement(line)
-            except InvalidRequirement:
-                raise ValueError(f"'{line}' is not a pip requirement (a name, optionally ==version)") from None
+            if (problem := requirement_problem(line)) is not None:
+                raise ValueError(problem)
         return value
 
 
@@ -260,10 +264,11 @@ class JobSpec(_Section):
     @classmethod
     def _no_uri_credentials(cls, raw: Any) -> Any:
         """Every field travels in the job's entrypoint (`ray job list`, `ps`) and its tracker params: no field may
-        hold user:password@. Checked before any other rule, so no other error echoes the value."""
+        hold a credential (redact.py: user:password@, a token, a signed URL...). Checked before any other rule, so
+        no other error echoes the value."""
         for parts, text in _strings(raw):
-            if has_uri_credentials(text):
-                raise ValueError(f"{field_path(parts)}: {URI_CREDENTIALS}; {URI_CREDENTIALS_FIX}")
+            if (problem := credential_problem(text)) is not None:
+                raise ValueError(f"{field_path(parts)}: {problem[0]}; {problem[1]}")
         return raw
 
     @model_validator(mode="after")

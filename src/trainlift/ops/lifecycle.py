@@ -31,6 +31,7 @@ from trainlift.ops.plan import ABSENT, Files, Observed
 from trainlift.ops.plan_kube import PLUGIN_NAMESPACE
 from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import run as run_command
+from trainlift.private_dir import private_dir
 from trainlift.render.eksctl import SYSTEM_GROUP, image_pulls, open_endpoint_note, with_caller_address
 from trainlift.render.helm import digest_line, render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, with_account
@@ -53,6 +54,12 @@ def cluster_dir(spec: ClusterSpec, root: str | None) -> str:
     return root if root is not None else f"{DEFAULT_ROOT}/{spec.name}"
 
 
+def private_cluster_dir(root: str) -> Path:
+    """The cluster's directory, created 0700 (it holds the cluster's kubeconfig and its chart digests); one others
+    may write is refused."""
+    return private_dir(Path(root), elsewhere="pass --dir with a directory of yours")
+
+
 def spec_hash(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -61,7 +68,7 @@ def spec_hash(body: dict) -> str:
 
 def _write_kubeconfig(spec: ClusterSpec, info, files: Files) -> None:
     path = Path(files.kubeconfig)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_cluster_dir(str(path.parent))
     config = kube.kubeconfig_for(spec.name, spec.region, info.endpoint, info.ca_data)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     os.chmod(path, 0o600)
@@ -254,6 +261,7 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
         account = account or m.kind == "ServiceAccount"
         manifests.append(m)
     if write:
+        private_cluster_dir(root)
         for m in manifests:
             target = Path(root) / m.path
             target.parent.mkdir(parents=True, exist_ok=True)

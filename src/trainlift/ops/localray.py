@@ -8,15 +8,23 @@ process group only, never other Ray instances on the machine.
 Every Ray that trainlift starts requires Ray's token (RAY_AUTH_MODE=token), found as Ray finds it:
 RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token. On first use the file is
 written with a fresh token (0600, its directory 0700) and reused afterwards.
+
+Every Ray that trainlift starts keeps its files in this user's private temporary directory
+(`<tmp>/trainlift-<uid>/ray`, 0700 above it), not in Ray's shared default (`/tmp/ray`), where another user could
+create a session's or a package's directory first. Ray makes every directory it creates 0777; inside the private
+one no other user reaches them, and trainlift takes the others' write bits off them as Ray starts and ends.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import secrets
 import signal
 import socket
+import stat
 import sys
 import time
 import urllib.error
@@ -27,15 +35,21 @@ from typing import Any
 import psutil
 
 from trainlift.errors import TrainliftError
-from trainlift.home import trainlift_home
+from trainlift.home import expand_user, trainlift_home
 from trainlift.ops import run
-from trainlift.private_dir import private_dir
+from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
 
 LOOPBACK = "127.0.0.1"
 # Ray's single-machine mode (its default on macOS and Windows): `ray start` keeps the node's address on loopback
 # instead of turning 127.0.0.1 into the machine's address, so every server of the head listens on 127.0.0.1 only,
 # GCS, raylet and the Prometheus metrics endpoints (dashboard, autoscaler, agent) included. No node can join it.
 SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray's sockets are <temp dir>/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store (raylet is shorter),
+# and a Unix socket's path has at most 107 bytes (103 on macOS).
+SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store.99")
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
+SHORT_TMP = Path("/tmp")  # where Ray's directory goes when TMPDIR is too long for its sockets
+RAY_TMPDIR = "RAY_TMPDIR"  # Ray's base for its default temp dir (<base>/ray) and Ray Train's lock files
 
 
 def state_file() -> Path:
@@ -56,7 +70,7 @@ def free_port() -> int:
 
 def auth_token_path() -> Path:
     """The file Ray reads its token from when RAY_AUTH_TOKEN is unset."""
-    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+    return expand_user(os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip() or "~/.ray/auth_token")
 
 
 def read_auth_token() -> str | None:
@@ -88,6 +102,37 @@ def token_auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
 
 
+def ray_temp_dir() -> Path:
+    """The directory every Ray trainlift starts keeps its sessions in: `ray` in this user's private temporary
+    directory, or in `/tmp/trainlift-<uid>` when TMPDIR is too long for Ray's socket paths; its directories are
+    made private (`seal`) before Ray uses it."""
+    base = user_temp_dir()
+    if len(str(base / "ray").encode()) + SOCKET_TAIL > SOCKET_PATH_MAX:
+        base = private_dir(SHORT_TMP / f"trainlift-{os.geteuid()}", TMPDIR_FIX)
+    path = base / "ray"
+    path.mkdir(mode=0o700, exist_ok=True)
+    seal(path)
+    return path
+
+
+def seal(root: Path) -> None:
+    """Take the group's and others' access off every directory of this user's below `root` (Ray makes each
+    directory it creates 0777); links are not followed. Directories Ray removes meanwhile are skipped."""
+    me = os.geteuid()
+    for dirpath, dirnames, _ in os.walk(root):
+        for path in [dirpath, *(os.path.join(dirpath, name) for name in dirnames)]:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(path)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == me and info.st_mode & 0o077:
+                    os.chmod(path, 0o700, follow_symlinks=False)
+
+
+def private_ray_env(temp_dir: Path | None = None) -> dict[str, str]:
+    """The environment that puts a Ray process's default temp dir (`temp_dir`, default `ray_temp_dir()`) and Ray
+    Train's lock files in this user's private directory."""
+    return {RAY_TMPDIR: str((temp_dir or ray_temp_dir()).parent)}
+
+
 def write_private(path: Path, text: str) -> None:
     """`path` holding `text`, readable by this user alone (0600), whatever mode an earlier file had."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -114,11 +159,14 @@ def start_in_process(num_cpus: int | None = None, log_to_driver: bool = False) -
     from ray._raylet import Config
 
     skip_cluster_only_train_features()
-    os.environ.update(token_auth_env())
+    temp_dir = ray_temp_dir()
+    os.environ.update({**token_auth_env(), **private_ray_env(temp_dir)})
     Config.initialize("")  # Ray read RAY_AUTH_MODE when first imported; re-read it, as Ray's own token default does
+    atexit.register(seal, temp_dir)  # before ray.init: runs after Ray's own exit handler has stopped it
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-             _system_config={"worker_niceness": 0})
+             _temp_dir=str(temp_dir), _system_config={"worker_niceness": 0})
+    seal(temp_dir)
 
 
 def _alive(pid: int) -> bool:
@@ -191,15 +239,16 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
     if existing is not None:
         return {**existing, "started": False}
     gcs_port = free_port()
+    temp_dir = ray_temp_dir()
     cmd = ray_start_on_loopback("--head", f"--port={gcs_port}", f"--dashboard-host={LOOPBACK}",
-                                f"--dashboard-port={port}", "--disable-usage-stats",
+                                f"--dashboard-port={port}", "--disable-usage-stats", f"--temp-dir={temp_dir}",
                                 '--system-config={"worker_niceness": 0}')
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
     os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600))
-    proc = run.spawn_detached(cmd, str(log_path),
-                              env={"PATH": path_with_this_python(), **SINGLE_MACHINE_ENV, **token_auth_env()})
+    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path_with_this_python(), **SINGLE_MACHINE_ENV,
+                                                       **token_auth_env(), **private_ray_env(temp_dir)})
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):
@@ -209,6 +258,7 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
             raise TrainliftError(f"the local Ray head did not come up on {url}: {' | '.join(tail)}",
                                  hint=f"is port {port} free? try --port; full log: {log_path}")
         time.sleep(1)
+    seal(temp_dir)
     state = {"pid": proc.pid, "gcs_address": f"{LOOPBACK}:{gcs_port}", "dashboard_url": url, "started_at": time.time()}
     write_private(state_file(), json.dumps(state, indent=2))
     return {**state, "started": True}
@@ -253,4 +303,5 @@ def down() -> bool:
     if state is None:
         return False
     kill_group(state["pid"])
+    seal(ray_temp_dir())
     return True

@@ -15,6 +15,7 @@ stderr, which Ray forwards to the driver through a handler list in a private mod
 from __future__ import annotations
 
 import collections
+import io
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 from trainlift.home import trainlift_home
+from trainlift.rundir import open_local
 
 RAY_PRINT_HANDLER = "ray_print_logs"
 OWN_HANDLER = "trainlift_run_log"
@@ -80,7 +82,8 @@ class RunOutput:
         import ray  # noqa: F401 - Ray puts its console handler on the `ray` logger when imported: mute it after
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.log_path, "a", encoding="utf-8", buffering=1)
+        self._file = io.TextIOWrapper(open_local(str(self.log_path), append=True), encoding="utf-8",
+                                      line_buffering=True)  # not through a link planted in the run directory
         self._file.write(f"--- trainlift run log, {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}\n")
         self._handlers = [_LineHandler(self)] + ([logging.StreamHandler(sys.stderr)] if self.verbose else [])
         logging.captureWarnings(True)  # Python warnings become records of the `py.warnings` logger

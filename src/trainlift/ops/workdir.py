@@ -5,6 +5,10 @@ patterns, what git ignores (.gitignore files, .git/info/exclude, the global excl
 includes it, and what .rayignore files name. The size is computed before upload so an oversized directory fails
 here, naming its largest files, instead of as "Request Entity Too Large" later.
 
+Links travel as Ray's packaging follows them (a file's link as the file it points at, a folder's as its
+contents), so they are listed so: a link that would carry something from outside the project (`~/.aws/credentials`,
+a folder elsewhere) or into a loop is refused in one line, and a link to a credential file stays behind with it.
+
 Ray's job client applies the .gitignore and .rayignore files inside the directory itself (unless
 RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and the runtime_env `excludes`; what git ignores for other reasons travels
 to it as anchored `excludes`, so what is listed here is what Ray uploads. Ray applies `excludes` to py_modules
@@ -35,13 +39,18 @@ CREDENTIAL_LIKE = [
     "**/.cache/huggingface/stored_tokens", "application_default_credentials.json", "**/.config/gcloud/",
     "credentials", "credentials.json", ".aws/", ".ssh/", ".kube/", "*.kubeconfig", "id_rsa*", "id_ed25519*",
     "id_ecdsa*", "id_dsa*", "*.pem", "*.key", "*.p12", "*.pfx", "*.tfstate", "*.tfstate.*", "terraform.tfstate*",
+    ".envrc", ".pgpass", ".my.cnf", ".s3cfg", ".passwd-s3fs", "kubeconfig", "kubeconfig.*", "*.tfvars",
+    "*.tfvars.json", ".databrickscfg", "rclone.conf", "sa-key.json", "*-sa-key.json", "service-account*.json",
+    ".htpasswd", ".vault-token", "*.keytab",
 ]
 CREDENTIAL = "credential file"
+BROKEN_LINK = "broken link (Ray skips it)"
 GITIGNORED = "gitignored"
 RAYIGNORED = "rayignored (.rayignore)"
 RAY_IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"  # "1": Ray's job client uploads what .gitignore names
 DEFAULT_LIMIT_BYTES = 100 * 2**20
 GIT_TIMEOUT_S = 60
+LINK_FIX = "replace the link with a copy of what the job needs, or leave it out with --exclude PATH"
 
 
 @dataclass
@@ -113,9 +122,33 @@ class _Rules:
         for base, spec, reason in self.ignore_files[rel_dir]:
             if spec.match_file(rel[len(base) + 1:] if base else rel):
                 return reason, True
-        if self.git is not None and rel in self.git:
+        if self.git is not None and (rel in self.git or rel.rstrip("/") in self.git):  # git lists a link as a file
             return GITIGNORED, False
         return None
+
+    def _folders_above(self, path: Path) -> set[Path]:
+        """The real folders the walk went through to reach `path` (links resolved)."""
+        folders, here = set(), path.parent
+        while here != self.root and here != here.parent:
+            folders.add(here.resolve())
+            here = here.parent
+        return folders | {self.root}
+
+    def through_link(self, path: Path, rel: str) -> tuple[str, bool] | None:
+        """For a link that would travel: refused when Ray would carry what is outside the project (or go round a
+        loop); left out when it leads to a credential file of the project; else None (it travels as its target)."""
+        target = path.resolve()
+        if not target.exists():
+            return BROKEN_LINK, True
+        if not target.is_relative_to(self.root):
+            raise UsageError(f"{rel.rstrip('/')} is a link to {target}, outside {self.root}: Ray would upload what it "
+                             "points at with the job", hint=LINK_FIX)
+        if target.is_dir() and target in self._folders_above(path):
+            raise UsageError(f"{rel.rstrip('/')} is a link to {target}, a folder holding it: Ray would go round it "
+                             "forever", hint=LINK_FIX)
+        inner = target.relative_to(self.root).as_posix() + ("/" if target.is_dir() else "")
+        hit = self.specs[0][1].check_file(inner)
+        return (f"{CREDENTIAL} (link to {inner}: {CREDENTIAL_LIKE[hit.index]})", False) if hit.include else None
 
 
 def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: bool = False) -> WorkdirPlan:
@@ -125,13 +158,15 @@ def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: 
     rules = _Rules(root, ALWAYS_EXCLUDED + list(extra_excludes), include_ignored)
     plan = WorkdirPlan(root=root, include_ignored=include_ignored)
     only_git_knows = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # as Ray's packaging walks
         rel_dir = "" if Path(dirpath) == root else Path(dirpath).relative_to(root).as_posix()
         rules.enter(rel_dir)
         kept = []
         for name, is_dir in [(d, True) for d in sorted(dirnames)] + [(f, False) for f in sorted(filenames)]:
             rel = f"{rel_dir}/{name}".lstrip("/") + ("/" if is_dir else "")
             why = rules.reason(rel, rel_dir)
+            if why is None and (Path(dirpath) / name).is_symlink():
+                why = rules.through_link(Path(dirpath) / name, rel)
             if why is None and is_dir:
                 kept.append(name)
             elif why is None:

@@ -64,10 +64,27 @@ AUTH_TOKEN_KEY = "auth_token"
 
 
 # The Ray containers run as the image's user (the Ray Train DLC's Dockerfile sets no USER: root), so no runAsNonRoot;
-# they get no Linux capabilities beyond IPC_LOCK on workers (memory EFA and NCCL pin) and cannot gain privileges.
+# they get no Linux capabilities beyond IPC_LOCK on workers (memory EFA and NCCL pin), cannot gain privileges, and
+# run under the container runtime's default seccomp profile.
 def security_context(*add: str) -> dict[str, Any]:
     capabilities: dict[str, list[str]] = {"add": list(add)} if add else {}
-    return {"allowPrivilegeEscalation": False, "capabilities": {**capabilities, "drop": ["ALL"]}}
+    return {"allowPrivilegeEscalation": False, "capabilities": {**capabilities, "drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+# No Ray container calls the Kubernetes API (there is no in-tree autoscaler: `enableInTreeAutoscaling: false`), so
+# no Ray pod gets an API token. The S3 role's web identity token is a volume of its own (the EKS pod identity
+# webhook adds it), which this does not remove.
+NO_API_TOKEN = {"automountServiceAccountToken": False}
+
+# The ports the Ray pods listen on, for the NetworkPolicy (network_policy.py). Ray's fixed ones: GCS, dashboard
+# (Jobs API), Ray client, the dashboard agent's HTTP port, and the range its worker processes listen in (Ray's
+# defaults; Ray docs, "Configuring Ports"). Every other Ray server (raylet, object manager, the agents' gRPC) binds
+# port 0 by default, as do the job's own connections (torch's TCPStore, gloo's and NCCL's sockets): the kernel picks
+# those from its ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 unless the node changes it).
+GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, AGENT_PORT = 6379, 8265, 10001, 52365
+WORKER_PORTS = (10002, 19999)
+EPHEMERAL_PORTS = (32768, 60999)
 
 
 def pod_size(profile: catalog.InstanceProfile, reserve: tuple[float, int, int]) -> tuple[int, int]:
@@ -198,9 +215,9 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
     amounts = {"cpu": str(cpu_m // 1000) if cpu_m % 1000 == 0 else f"{cpu_m}m", "memory": f"{gib}Gi"}
     container = _container(spec, "ray-head", env, amounts, mounts, stop_hooks.HEAD_WAIT)
     container["ports"] = [
-        {"containerPort": 6379, "name": "gcs-server"},
-        {"containerPort": 8265, "name": "dashboard"},
-        {"containerPort": 10001, "name": "client"},
+        {"containerPort": GCS_PORT, "name": "gcs-server"},
+        {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+        {"containerPort": CLIENT_PORT, "name": "client"},
     ]
     return {
         "serviceType": "ClusterIP",
@@ -212,6 +229,7 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
                 "terminationGracePeriodSeconds": stop_hooks.grace_period_s(stop_wait_seconds(spec)),
                 "nodeSelector": dict(SYSTEM_LABELS),
                 **service_account(spec),
+                **NO_API_TOKEN,
                 "containers": [container],
                 "volumes": volumes,
             },
@@ -260,6 +278,7 @@ def worker_group(spec: ClusterSpec, w: WorkerGroup, annotations: dict[str, str] 
     if w.taints:
         pod["tolerations"] = tolerations(w)
     pod.update(service_account(spec))
+    pod.update(NO_API_TOKEN)
     pod["containers"] = [container]
     pod["volumes"] = volumes
     metadata: dict[str, Any] = {"labels": dict(MANAGED_BY)}

@@ -10,17 +10,11 @@ from trainlift.config.cluster import ClusterSpec, WorkerGroup
 from trainlift.render.eksctl import RESERVED_LABELS, SYSTEM_GROUP, Reservations
 from trainlift.render.kueue import queue_problems
 from trainlift.render.image_cache import cache_problems
-from trainlift.redact import has_uri_credentials
+from trainlift.redact import credential_kind, has_credentials, secret_name, secret_value
 from trainlift.render.problems import Problem, raise_problems
 from trainlift.render.raycluster import TOKEN_AUTH_MIN_KUBERAY, TOKEN_AUTH_MIN_RAY
 from trainlift.render.s3_access import location_problems
 
-_SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
-_KEY_QUALIFIERS = {"API", "ACCESS", "PRIVATE", "SECRET", "SIGNING"}
-_SECRET_VALUE = re.compile(
-    r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}"
-    r"|xox[abp]-[A-Za-z0-9\-]{10,})$"
-)
 
 
 def _version(text: str | None) -> tuple[int, ...]:
@@ -30,10 +24,8 @@ def _version(text: str | None) -> tuple[int, ...]:
 
 
 def looks_secret(name: str, value: str) -> bool:
-    """An environment variable whose name or value says it holds a credential."""
-    parts = set(name.upper().split("_"))
-    named = bool(parts & _SECRET_WORDS) or ("KEY" in parts and bool(parts & _KEY_QUALIFIERS))
-    return bool(value) and (named or bool(_SECRET_VALUE.match(value.strip())))
+    """An environment variable whose name or value says it holds a credential (redact.py's detector)."""
+    return bool(value) and (secret_name(name) or secret_value(value))
 
 
 def _worker_problems(spec: ClusterSpec) -> list[Problem]:
@@ -142,7 +134,7 @@ def _secret_problems(spec: ClusterSpec) -> list[Problem]:
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(Problem(f"secrets[{names.index(name)}].env", f"{name} is filled by more than one secret"))
     for name, value in spec.env.items():
-        if has_uri_credentials(value):  # the value is not echoed: it is the thing being protected
+        if credential_kind(value) == "uri":  # the value is not echoed: it is the thing being protected
             problems.append(Problem(
                 f"env.{name}", "holds a URI with credentials (user:password@), which the RayCluster and every pod's "
                 "spec would show",
@@ -150,7 +142,7 @@ def _secret_problems(spec: ClusterSpec) -> list[Problem]:
                 f"secrets: [{{env: NAME, secret: SECRET, key: KEY}}] (a secretKeyRef), created with kubectl -n "
                 f"{spec.namespace} create secret generic SECRET --from-literal=KEY=...",
             ))
-        elif looks_secret(name, value):
+        elif looks_secret(name, value) or has_credentials(value):
             problems.append(Problem(
                 f"env.{name}", "looks like a secret value written inline",
                 hint=f"store it in a Kubernetes Secret and list it under secrets: "

@@ -56,8 +56,8 @@ def prepare_data(spec: JobSpec) -> dict[str, dict]:
     keys = datacache.prepare_splits(spec, tokenizer)
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
-    with fs.open_output_stream(f"{path}/data.json") as out:
-        out.write(json.dumps(datacache.composition(spec, keys), indent=2, sort_keys=True).encode())
+    rundir.write_file(fs, f"{path}/data.json", json.dumps(datacache.composition(spec, keys), indent=2,
+                                                          sort_keys=True).encode())
     return keys
 
 
@@ -76,6 +76,7 @@ def ensure_ray(address: str | None, num_cpus: int, log_to_driver: bool = False) 
             local = localray.is_loopback(address)
             if local:
                 localray.skip_cluster_only_train_features()
+            os.environ.update(localray.private_ray_env())  # Ray Train's lock files: not in the shared /tmp
             ray.init(address=address, log_to_driver=log_to_driver,
                      **({"_node_ip_address": "127.0.0.1"} if local else {}))
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
@@ -112,8 +113,8 @@ def forget_ray_checkpoint_list(spec: JobSpec) -> None:
 def write_summary(spec: JobSpec, summary: dict[str, Any]) -> None:
     """summary.json, strict JSON: a figure that is not a number (no step trained, a loss that diverged) is null."""
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
-    with fs.open_output_stream(f"{path}/summary.json") as out:
-        out.write(json.dumps(metrics.finite_or_null(summary), indent=2, sort_keys=True, allow_nan=False).encode())
+    rundir.write_file(fs, f"{path}/summary.json", json.dumps(metrics.finite_or_null(summary), indent=2,
+                                                             sort_keys=True, allow_nan=False).encode())
 
 
 def finished_summary(spec: JobSpec) -> dict[str, Any] | None:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from trainlift import rundir
+
 MARKER = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 MODEL_CONFIG = "config.json"
@@ -87,8 +89,10 @@ def mark_complete(fs: pafs.FileSystem, path: str, step: int, world_size: int) ->
         raise IncompleteCheckpointError(
             f"{path.rstrip('/').rsplit('/', 1)[-1]} was not fully uploaded (missing {', '.join(missing)}), "
             f"so it is not marked {MARKER}")
-    with fs.open_output_stream(f"{path}/{MARKER}") as out:
-        out.write(json.dumps({"step": step, "world_size": world_size, "time": time.time()}).encode())
+    if isinstance(fs, pafs.LocalFileSystem):  # a link planted in it while it was written: not marked complete
+        rundir.refuse_links(path)
+    rundir.write_file(fs, f"{path}/{MARKER}", json.dumps({"step": step, "world_size": world_size,
+                                                           "time": time.time()}).encode())
 
 
 def prune(fs: pafs.FileSystem, run_path: str, keep: int) -> list[str]:

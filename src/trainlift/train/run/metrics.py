@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -11,6 +12,8 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
+
+from trainlift.rundir import open_local
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +66,7 @@ class JsonlSink:
 
     def __init__(self, fs: pafs.FileSystem, path: str):
         self.mirror = LocalMirror(fs, path, "metrics.jsonl")
-        self._fh = open(self.mirror.path, "a", encoding="utf-8")
+        self._fh = io.TextIOWrapper(open_local(self.mirror.path, append=True), encoding="utf-8")  # not via a link
 
     def write(self, row: dict) -> None:
         self._fh.write(json.dumps(finite_or_null(row), allow_nan=False) + "\n")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,9 +65,9 @@ def check_run_dir(spec: JobSpec) -> None:
     run_dir = Path(spec.run_uri)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=run_dir)  # a new file: never through a link
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"run.storage: cannot write to {run_dir} ({exc.strerror})",
                          hint="choose a writable directory with --run-dir or --set run.storage=...") from None
@@ -127,7 +129,8 @@ def max_positions(spec: JobSpec) -> int | None:
 def check(spec: JobSpec) -> JobSpec:
     """Everything the driver checks before Ray starts; returns the spec with local paths made absolute, or raises one
     clear error. Data files exist and have the format's columns (their rows are checked as the data cache is
-    built), seq_len fits the model, LoRA fits it, trackers are installed and reachable, storage is writable."""
+    built), seq_len, the attention kernel and LoRA fit the model, trackers are installed and reachable, storage is
+    writable."""
     spec = resolve_paths(spec)
     for split in datacache.splits(spec).values():
         datasource.check_schemas(split.sources)
@@ -135,10 +138,11 @@ def check(spec: JobSpec) -> JobSpec:
     if limit is not None and spec.data.seq_len > limit:
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
-    from trainlift.train.model import families
+    from trainlift.train.model import families, kernels
 
     if (fields := _config_fields(spec)) is not None:  # a hub model's config is checked on the workers
         families.check_loadable(fields)
+        kernels.check_spec_choice(spec.model.attn_implementation, spec.model.dtype, fields)
     if spec.model.lora is not None:
         from trainlift.train.model import lora
 

@@ -2,15 +2,15 @@
 not be able to run code on the workers.
 
 DCP pickles a checkpoint's `.metadata`, and `torch.save`s the state's non-tensor values (the optimizer's
-hyperparameters) into the shards; torch's reader unpickles both without restriction. Here `.metadata` is unpickled
-with nothing but the classes DCP metadata is made of, every file it points to must be named as DCP names a shard,
-and the non-tensor values are read by torch's weights-only loader. Anything else is refused, before it is used.
+hyperparameters) into the shards; torch's reader unpickles both without restriction. Here `.metadata` is read as
+data (dcp_metadata.py: nothing it names is called or changed), every file it points to must be named as DCP names
+a shard, and the non-tensor values are read by torch's weights-only loader. Anything else is refused, before it is
+used.
 """
 
 from __future__ import annotations
 
 import io
-import pickle
 import re
 
 import pyarrow.fs as pafs
@@ -21,29 +21,9 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 
 from trainlift.errors import UsageError
 from trainlift.train.model.dcp_reader import ArrowReader
+from trainlift.train.run import dcp_metadata
 
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-# (module, name) of every global a DCP `.metadata` refers to; names are matched whole, never as dotted paths.
-METADATA_GLOBALS = frozenset({
-    *((_DCP_METADATA, name) for name in ("Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata",
-                                         "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-                                         "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # how a torch.layout pickles
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the directory the checkpoint was written to
-    ("pathlib._local", "PosixPath"),  # the same, pickled by Python 3.13 and later
-    ("collections", "OrderedDict"),
-    *(("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)),
-})
 SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) not in METADATA_GLOBALS:
-            raise pickle.UnpicklingError(f"it refers to {module}.{name}")
-        return super().find_class(module, name)
 
 
 def refused(checkpoint: str, reason: str) -> UsageError:
@@ -53,19 +33,16 @@ def refused(checkpoint: str, reason: str) -> UsageError:
 
 
 def parse_metadata(data: bytes, checkpoint: str) -> Metadata:
-    """A `.metadata` file's DCP metadata; refused unless it is made of DCP's metadata classes alone and points only
-    at shard files."""
+    """A `.metadata` file's DCP metadata; refused unless it is DCP's metadata, as plain data, and points only at
+    shard files."""
     try:
-        metadata = MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - whatever a crafted pickle raises is a refusal
-        raise refused(checkpoint, f".metadata: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                      ) from None
-    shaped = isinstance(metadata, Metadata) and isinstance(metadata.storage_data, dict) and isinstance(
-        getattr(metadata, "storage_meta", None), (StorageMeta, type(None)))
-    if not shaped:
-        raise refused(checkpoint, ".metadata does not hold DCP metadata")
-    files = [getattr(info, "relative_path", None) for info in metadata.storage_data.values()]
-    odd = sorted({repr(name) for name in files if not (isinstance(name, str) and SHARD_FILE.fullmatch(name))})
+        metadata = dcp_metadata.parse(data)
+    except dcp_metadata.Refused as exc:
+        raise refused(checkpoint, f".metadata: {exc}") from None
+    if metadata.storage_data is None:
+        raise refused(checkpoint, ".metadata names no shard files")
+    files = [info.relative_path for info in metadata.storage_data.values()]
+    odd = sorted({repr(name) for name in files if not SHARD_FILE.fullmatch(name)})
     if odd:
         raise refused(checkpoint, f".metadata points at {', '.join(odd)}, not at shard files __<rank>_<n>.distcp")
     return metadata
@@ -82,7 +59,7 @@ class CheckpointReader(ArrowReader):
         rank = kwargs.get("rank")
         if rank not in self.parsed:
             with self.fs.create_stream(self._get_metadata_path(rank), "rb") as stream:
-                self.parsed[rank] = parse_metadata(stream.read(), self.path)
+                self.parsed[rank] = parse_metadata(stream.read(dcp_metadata.MAX_BYTES + 1), self.path)
         metadata = self.parsed[rank]
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
@@ -135,5 +112,9 @@ def check_latest_metadata(fs: pafs.FileSystem, run_path: str, step: int) -> None
     workers parse it, so a refusal is the command's own one-line error rather than a line inside Ray's report of
     failed workers."""
     path = f"{run_path.rstrip('/')}/checkpoint_{step:08d}"
+    size = fs.get_file_info(f"{path}/.metadata").size
+    if size is not None and size > dcp_metadata.MAX_BYTES:  # refused without reading it
+        raise refused(path, f".metadata: {size:,} bytes, over the {dcp_metadata.MAX_BYTES >> 20} MiB a .metadata "
+                            "may have")
     with fs.open_input_stream(f"{path}/.metadata") as stream:
-        parse_metadata(stream.read(), path)
+        parse_metadata(stream.read(dcp_metadata.MAX_BYTES + 1), path)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from trainlift import rundir
 from trainlift.config.job import JobSpec
 from trainlift.errors import UsageError
+from trainlift.home import expand_user
 
 RECORD = "spec.json"
 # The batch's layout (micro-batch, accumulation, workers) may change with the hardware: a checkpoint reshards to
@@ -67,7 +68,7 @@ def training_fields(spec: JobSpec, train_data_fingerprint: str) -> dict[str, Any
 def local_identity(path: str) -> str:
     """A local file or model directory as a hash of what it holds (a directory: every file's name and size, and
     the content of its small files: config, tokenizer, index; not the weights' bytes); anything else as given."""
-    local = Path(path).expanduser()
+    local = expand_user(path)
     if "://" in path or not local.is_absolute():
         return path
     if not local.exists():  # gone since (a full fine-tune resumes from its checkpoint alone): not comparable
@@ -116,13 +117,12 @@ def read(spec: JobSpec) -> dict[str, Any] | None:
 
 
 def write(spec: JobSpec, fields: dict[str, Any]) -> None:
-    """The record, keeping what it held for a local path that is gone now."""
+    """The record, keeping what it held for a local path that is gone now; a link in its place is refused."""
     if GONE in fields.values():
         fields = {**fields, **{k: v for k, v in (read(spec) or {}).items() if fields.get(k) == GONE}}
     fs, path = pafs.FileSystem.from_uri(spec.run_uri)
     fs.create_dir(path, recursive=True)
-    with fs.open_output_stream(f"{path}/{RECORD}") as out:
-        out.write(json.dumps({"fields": fields}, indent=2, sort_keys=True).encode())
+    rundir.write_file(fs, f"{path}/{RECORD}", json.dumps({"fields": fields}, indent=2, sort_keys=True).encode())
 
 
 def check(spec: JobSpec, current: dict[str, Any], allow_change: bool, trained: bool) -> list[str]:
