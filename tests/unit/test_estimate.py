@@ -222,4 +222,4 @@ def test_a_measured_hfu_replaces_the_assumed_one(monkeypatch):
     data["hfu"] = {**data["hfu"], "measured": {"H100": {"value": 0.5, "source": "benchmark 7", "label": "measured"}}}
     monkeypatch.setattr(assumptions, "assumptions", lambda: data)
     assert assumptions.hfu("H100") == (assumptions.Figure(0.5, "benchmark 7", "measured"), True)
-    assert assumptions.hfu("L4")[0].value == 0.378 and assumptions.hfu("L4")[1] is False
+    assert assumptions.hfu("L4")[0].value == 0.367 and assumptions.hfu("L4")[1] is False

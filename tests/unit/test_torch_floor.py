@@ -25,6 +25,7 @@ PUBLIC_SINCE = {
     "torch.distributed": ("2.0", CORE),
     "torch.distributed.checkpoint": ("2.0", CORE),
     "torch.nn.functional": ("2.0", CORE),
+    "torch.func.functional_call": ("2.0", "torch.func public since 2.0"),
     "torch.multiprocessing": ("2.0", CORE),
     "torch.utils.checkpoint.checkpoint": ("2.0", CORE),
     "torch.utils.checkpoint.CheckpointPolicy": ("2.4", "selective activation checkpointing, public since 2.4"),

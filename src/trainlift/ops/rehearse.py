@@ -50,7 +50,7 @@ NOT_PROVEN = ("EFA and the NCCL transport", "GPU memory and speed",
 # lies inside the working_dir zip on S3, so these go in whatever it says (each is what `auto` means on a CPU).
 # model.dtype stays: bf16 compute runs on CPU (FSDP2 over gloo), slower but the same code path.
 ON_CPU_SLOTS = ("scaling.device=cpu", "scaling.cpus_per_worker=1", "scaling.expect_fabric=any",
-                "model.attn_implementation=sdpa")
+                "model.attn_implementation=auto")
 EVIDENCE_LINES, EVIDENCE_CHARS = 3, 400  # a check's evidence: the end of a log, never a whole traceback
 
 

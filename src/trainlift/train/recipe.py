@@ -23,12 +23,12 @@ import torch.distributed as dist
 
 from trainlift.config.job import JobSpec
 from trainlift.train.data import cache as datacache, examples as data
-from trainlift.train.model import export, fetch, lora, objectives, weights
+from trainlift.train.model import export, families, fetch, lora, objectives, weights
 from trainlift.train.model.build import (BlockCheckpointing, StepFlops, apply_fsdp, attention_implementation,
                                          fill_weights, load_tokenizer, sharded_config, step_flops, with_recompute)
 from trainlift.train.run import checkpoint, mesh as meshes, preflight
 from trainlift.train.run.device import all_reduce_sum, to_device
-from trainlift.train.run.reference import reference_logps
+from trainlift.train.run.reference import reference_logps, without_dropout
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
 
@@ -214,15 +214,18 @@ def build_model(w: Worker, resume_from: str | None = None):
     read. LoRA still reads its frozen base from model.path."""
     lora_section = w.spec.model.lora
     from_checkpoint = resume_from is not None and lora_section is None
-    config = checkpoint.model_config(w.fs, resume_from) if from_checkpoint else None
-    attention = attention_implementation(w.spec.model.attn_implementation, w.device)
-    model = weights.empty_model(config or sharded_config(w.spec.model), attention)
+    config = (checkpoint.model_config(w.fs, resume_from) if from_checkpoint else None) or sharded_config(w.spec.model)
+    families.check_loadable(config.to_dict())  # a hub model's config is first read here
+    attention = attention_implementation(w.spec.model.attn_implementation, w.device, config, w.bf16)
+    model = weights.empty_model(config, attention)
     model_config, fpt = model.config, step_flops(model)
     if lora_section is not None:
         model = lora.apply(model, lora_section)
         fpt = StepFlops(lora.flops_per_token(fpt.base, model), fpt.attention)
         if w.bf16:
             lora.store_frozen_as(model, torch.bfloat16)
+    if w.spec.train.objective == "dpo" and not w.spec.train.dpo.dropout:
+        without_dropout(model)
     fpt = with_recompute(fpt, model, BlockCheckpointing.of(w.spec.model))
     if w.mesh is None:
         w.mesh = meshes.agree(w.spec, w, model_config, lora.parameter_counts(model)["trainable_params"]
@@ -348,7 +351,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     log = RunLog(w, config.get("board"), step, fpt)
     start_row = log.started(step, resumed_from, facts)
-    objective = objectives.loss_for(spec)
+    objective = objectives.loss_for(spec, model_config)
     if objective.pairs:
         objective = replace(objective, references=reference_logps(
             w, model, objective, {"train": train_data, "eval": eval_data}, config.get("data_cache"), step, log))

@@ -68,9 +68,24 @@ def sharded_config(model_spec) -> PretrainedConfig:
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
 
 
-def attention_implementation(choice: str, device: torch.device) -> str:
-    """`model.attn_implementation` for `device` (kernels.py says how auto decides)."""
-    return kernels.attention_choice(choice, device).kernel
+def attention_implementation(choice: str, device: torch.device, config: PretrainedConfig | None = None,
+                             bf16: bool = True) -> str:
+    """`model.attn_implementation` for `device`, within what the model of `config` supports and bf16 (or fp32)
+    compute allows (kernels.py says how auto decides); an explicit choice they do not allow is a UsageError."""
+    model = kernels.ModelKernels(half_precision=bf16) if config is None else model_kernels(config, bf16)
+    return kernels.attention_choice(choice, device, model).kernel
+
+
+def model_kernels(config: PretrainedConfig, bf16: bool = True) -> kernels.ModelKernels:
+    """The kernels the causal LM class transformers builds for `config` declares."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return kernels.ModelKernels(half_precision=bf16)
+    return kernels.of_flags(cls.__name__, {flag: getattr(cls, flag, False) for flag in kernels.SUPPORT_FLAGS.values()},
+                            bf16)
 
 
 def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.device,
@@ -277,15 +292,17 @@ def step_flops(model: torch.nn.Module) -> StepFlops:
     return StepFlops(float(6 * non_embedding + tied_head), float(12 * config.num_hidden_layers * heads * head_dim))
 
 
-def idle_expert_params(model: torch.nn.Module) -> int:
-    """Routed-expert parameters a token does not go through: (experts - top-k) / experts of them."""
+def idle_expert_params(model: torch.nn.Module, frozen_only: bool = False) -> int:
+    """Routed-expert parameters a token does not go through: (experts - top-k) / experts of them (of the frozen
+    ones alone with `frozen_only`)."""
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     experts = (getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
                or getattr(text, "n_routed_experts", None))
     top_k = getattr(text, "num_experts_per_tok", None)
     if not experts or not top_k:
         return 0
-    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    routed = sum(p.numel() for name, p in model.named_parameters()
+                 if ".experts." in name and not (frozen_only and p.requires_grad))
     return routed * (experts - top_k) // experts
 
 

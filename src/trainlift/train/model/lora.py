@@ -15,6 +15,7 @@ merged in, streamed one tensor at a time (`merged_weights`), loadable without pe
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import tempfile
@@ -74,6 +75,24 @@ def init_adapters(model: torch.nn.Module, seed: int) -> None:
                 copy_shard(param, full)
             elif f".lora_B.{ADAPTER}." in name:
                 param.zero_()
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module):
+    """The base model's forward, adapters bypassed, with every parameter's `requires_grad` left as it is. peft's
+    `disable_adapter()` clears `requires_grad` on the adapters and sets it again only on the tensors the layers hold
+    at the time: under FSDP2 the last block holds its unsharded copies after a forward, so its sharded adapters
+    stay frozen (no gradient, no checkpoint key), and FSDP2 fixes its mixed precision on a first forward that sees
+    no trainable parameter."""
+    layers = [m for m in model.modules() if isinstance(m, _peft().tuners.tuners_utils.BaseTunerLayer)]
+    was = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield model
+    finally:
+        for layer, disabled in zip(layers, was):
+            layer._disable_adapters = disabled
 
 
 def store_frozen_as(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -139,12 +158,16 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 def flops_per_token(full_fine_tuning: float, model: torch.nn.Module) -> float:
     """FLOPs per token of a LoRA step, from full fine-tuning's (the parameter part: attention's own matmuls are the
-    same either way): a frozen weight still costs its forward and input-gradient matmuls (4 per weight) but no
-    weight gradient (the other 2); adapters cost the full 6."""
+    same either way): a frozen weight a token goes through still costs its forward and input-gradient matmuls (4
+    per weight) but no weight gradient (the other 2); adapters cost the full 6. The experts a token is not routed
+    to cost nothing, here as in full fine-tuning's count (`build.step_flops`)."""
+    from trainlift.train.model.build import idle_expert_params
+
     counts = parameter_counts(model)
     embedding = model.get_input_embeddings().weight.numel()
     tied = getattr(model.config, "tie_word_embeddings", False)
-    frozen_matmul = counts["total_params"] - counts["trainable_params"] - (0 if tied else embedding)
+    frozen_matmul = (counts["total_params"] - counts["trainable_params"] - (0 if tied else embedding)
+                     - idle_expert_params(model, frozen_only=True))
     return full_fine_tuning - 2 * frozen_matmul + 6 * counts["trainable_params"]
 
 

@@ -2,7 +2,8 @@
 
 One forward over a micro-batch gives every example's sequence log-prob: the sum of its trained (response) tokens'
 log-probs. The LM head runs a chunk of tokens at a time inside the decoder's forward hook, as in loss.py, so no
-`[batch, seq, vocab]` fp32 logits are held and FSDP's root forward gathers the head. Examples come in pairs,
+`[batch, seq, vocab]` fp32 logits are held and FSDP's root forward gathers the head; its output is post-processed as
+the model's own forward does (loss.py's `logit_transform`: Gemma2's soft-cap, Granite's and Cohere's scaling). Examples come in pairs,
 chosen then rejected (preference.py packs them so), and each pair's loss is TRL's sigmoid DPO loss with label
 smoothing (conservative DPO), plus, with `sft_weight`, the chosen response's per-token NLL (RPO):
 
@@ -30,7 +31,9 @@ from torch.utils.checkpoint import checkpoint
 from trainlift.config.job import DpoSection
 from trainlift.train.data import preference
 from trainlift.train.data.examples import IGNORE
-from trainlift.train.model.loss import CHUNK_ELEMENTS, GPU_CHUNK_TOKENS, model_inputs
+from trainlift.train.model.loss import (CHUNK_ELEMENTS, Transform, chunk_logits, chunk_tokens, chunked_head,
+                                        head_forward, head_weights, laid_out, logit_transform, model_inputs,
+                                        unchanged)
 
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
 
@@ -60,48 +63,41 @@ def _example_sums(logits: torch.Tensor, targets: torch.Tensor, owners: torch.Ten
     return token_logps.new_zeros(slots).index_add(0, owners, token_logps)
 
 
-def _chunk_sums(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                owners: torch.Tensor, slots: int) -> torch.Tensor:
-    return _example_sums(F.linear(hidden, weight, bias), targets, owners, slots)
+def _chunk_sums(hidden: torch.Tensor, targets: torch.Tensor, owners: torch.Tensor, slots: int, head: torch.nn.Module,
+                weights: dict[str, torch.Tensor], transform: Transform) -> torch.Tensor:
+    return _example_sums(chunk_logits(hidden, head, weights, transform), targets, owners, slots)
 
 
-def chunked_example_sums(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, owners: torch.Tensor,
-                         slots: int, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
-    """Per-slot sums of next-token log-probs (`owners[t]` is the slot of the token at t + 1), a chunk of tokens at a
-    time under activation checkpointing."""
+def chunked_example_sums(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, owners: torch.Tensor,
+                         slots: int, chunk_elements: int = CHUNK_ELEMENTS,
+                         transform: Transform = unchanged) -> torch.Tensor:
+    """Per-slot sums of next-token log-probs of `transform(head(hidden))` (`owners[t]` is the slot of the token at
+    t + 1), a chunk of tokens at a time under activation checkpointing."""
     hidden = hidden[:, :-1].reshape(-1, hidden.size(-1))
-    chunk = GPU_CHUNK_TOKENS if hidden.is_cuda else max(1, chunk_elements // head.weight.size(0))
+    chunk, weights = chunk_tokens(hidden, head, chunk_elements), head_weights(head)
     total = hidden.new_zeros(slots, dtype=torch.float32)
     for start in range(0, targets.numel(), chunk):
         part = slice(start, start + chunk)
-        total = total + checkpoint(_chunk_sums, hidden[part], head.weight, head.bias, targets[part], owners[part],
-                                   slots, use_reentrant=False)
+        total = total + checkpoint(_chunk_sums, hidden[part], targets[part], owners[part], slots, head, weights,
+                                   transform, use_reentrant=False)
     return total
 
 
 def sequence_logps(model, batch: dict, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """[examples] each example's summed log-prob of its trained tokens, in batch order, from one forward; packed
-    examples kept apart as `loss.model_inputs` keeps them."""
+    examples kept apart as `loss.model_inputs` keeps them, logits post-processed as the model's forward does."""
     slots = batch["examples"] + 1  # the last slot takes padding and every masked token
     inputs, labels = model_inputs(model, batch)
-    _, owners = model_inputs(model, {**batch, "labels": batch["example_ids"]})  # laid out as the labels are
+    owners = laid_out(model, batch["example_ids"], IGNORE)
     targets, owners = labels[:, 1:].reshape(-1), owners[:, 1:].reshape(-1)
     owners = torch.where((owners < 0) | (targets == IGNORE), slots - 1, owners)
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    if decoder is model or not isinstance(head, torch.nn.Linear):
+    if not chunked_head(model):  # the model's own logits, already post-processed
         logits = model(**inputs).logits
         return _example_sums(logits[:, :-1].reshape(-1, logits.size(-1)), targets, owners, slots)[:-1]
-    found: list[torch.Tensor] = []
-
-    def sums_from_hidden(module, args, output):
-        found.append(chunked_example_sums(output.last_hidden_state, head, targets, owners, slots, chunk_elements))
-
-    handle = decoder.register_forward_hook(sums_from_hidden)
-    try:
-        model(**inputs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=labels.device))
-    finally:
-        handle.remove()
-    return found[0][:-1]
+    head, transform = model.get_output_embeddings(), logit_transform(model.config)
+    sums, _ = head_forward(model, inputs, lambda hidden: chunked_example_sums(hidden, head, targets, owners, slots,
+                                                                              chunk_elements, transform))
+    return sums[:-1]
 
 
 def pair_losses(policy: torch.Tensor, reference: torch.Tensor, response_tokens: torch.Tensor,

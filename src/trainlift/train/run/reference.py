@@ -7,10 +7,11 @@ import contextlib
 import time
 
 import numpy as np
+import torch
 
 from trainlift.errors import UsageError
 from trainlift.train.data import examples as data
-from trainlift.train.model import objectives, preference_loss
+from trainlift.train.model import lora, objectives, preference_loss
 from trainlift.train.run.device import all_reduce_sum, to_device
 from trainlift.train.run.runlog import RunLog
 
@@ -48,5 +49,16 @@ def score_reference(w, model, objective: objectives.Objective, packed: data.Pack
     batches = ((to_device(objective.collate([packed.rows[j] for j in rows] or [objectives.DUMMY_ROW], rows),
                           w.device),
                 preference_loss.examples_of_rows(packed, rows)) for rows in slices)
-    with model.disable_adapter() if w.spec.model.lora is not None else contextlib.nullcontext():
+    with lora.adapters_off(model) if w.spec.model.lora is not None else contextlib.nullcontext():
         return preference_loss.score_examples(model, batches, examples, w.device)
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Dropout off in the policy (`train.dpo.dropout: false`), as TRL's DPO trainer does by default: every
+    `nn.Dropout` and every float dropout probability a module keeps for its functional dropout (attention's)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+                setattr(module, name, 0.0)
