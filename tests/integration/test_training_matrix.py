@@ -35,6 +35,9 @@ EAGER = list(itertools.product(("sft", "dpo"), ("full", "lora"), ("fp32", "bf16"
 COMPILED = [("sft", "full", "fp32", True), ("dpo", "lora", "bf16", True)]
 MESHES = {"fsdp2": (1, 2), "hsdp2x2": (2, 2)}
 REL = 1e-6
+# A worker's share of the shared Ray's 4 logical CPUs: the 4 workers of HSDP start beside whatever placement group an
+# earlier test's controller has not yet given back.
+WORKER_CPUS = 0.25
 
 
 def overrides(cell: tuple, prefs: Path) -> list[str]:
@@ -72,7 +75,8 @@ def matrix(tiny_assets, tmp_path_factory):
         loop = runpy.run_path(str(CELLS_MODULE))["run_cells"]
         TorchTrainer(loop, train_loop_config={"base": base, "cells": [overrides(c, prefs) for c in cells],
                                               "mesh": list(shape), "root": str(root / mesh), "out": str(out)},
-                     scaling_config=ScalingConfig(num_workers=shape[0] * shape[1])).fit()
+                     scaling_config=ScalingConfig(num_workers=shape[0] * shape[1],
+                                                  resources_per_worker={"CPU": WORKER_CPUS})).fit()
         results[mesh] = dict(zip(map(cell_id, cells), json.loads(out.read_text())))
     return results
 
