@@ -66,9 +66,9 @@ def ws(tiny_assets, tmp_path_factory):
         "bad_model": spec("bad_model.yaml", lambda s: s["model"].update(path=str(root / "empty-model"))),
         "lora_target": spec("lora_target.yaml", lambda s: s["model"].update(lora={"target_modules": ["qkv"]})),
         "lora_rank": spec("lora_rank.yaml", lambda s: s["model"].update(lora={"r": 0})),
-        "lora_mamba": spec("lora_mamba.yaml", lambda s: s.update(model={
+        "family_mamba": spec("family_mamba.yaml", lambda s: s.update(model={
             "config": {"model_type": "falcon_mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 96},
-            "tokenizer": str(tiny_assets / "model"), "lora": {}})),
+            "tokenizer": str(tiny_assets / "model")})),
         "efa_cluster": str(root / "efa_cluster.yaml"),
         "inline_secret": str(root / "inline_secret.yaml"),
         "too_many_gpus": str(root / "too_many_gpus.yaml"),
@@ -166,7 +166,7 @@ CASES = {
     "parallel-degrees-not-the-workers": lambda f, r: ["train", f["good"], "--set", "parallel.replicate=2",
                                                       "--set", "parallel.shard=3"],
     "lora-rank-zero": lambda f, r: ["train", f["lora_rank"]],
-    "lora-unsupported-architecture": lambda f, r: ["train", f["lora_mamba"]],
+    "model-family-refused": lambda f, r: ["train", f["family_mamba"]],
     "eval-not-a-model": lambda f, r: ["eval", r, "--data", f"{r}/bad.jsonl"],
     "eval-data-missing": lambda f, r: ["eval", f["model_dir"], "--data", f"{r}/missing.jsonl"],
     "eval-limit-zero": lambda f, r: ["eval", f["model_dir"], "--data", f"{r}/bad.jsonl", "--limit", "0"],
