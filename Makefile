@@ -52,3 +52,18 @@ lock:
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/torch-pin.txt
 	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --constraint $(VENV)/torch-pin.txt --universal --generate-hashes \
 	  --no-header --no-annotate $(UPGRADE) $(addprefix --no-emit-package ,$(TORCH_PACKAGES)) -o requirements.lock
+
+# Mutation testing of the core math (bench/mutation.py; docs/layout.md): a tool, not part of `make test`. mutmut,
+# pinned with hashes in mutation/requirements.txt, goes into .venv/mutmut, not the project's site-packages.
+# MUTATION_ARGS="--target lr_schedule --max-children 2" picks targets of mutation/targets.toml (default: all).
+MUTMUT_DIR := $(VENV)/mutmut
+MUTMUT_STAMP := $(MUTMUT_DIR)/.installed
+
+$(MUTMUT_STAMP): mutation/requirements.txt $(STAMP)
+	rm -rf $(MUTMUT_DIR)
+	$(BIN)/pip install --quiet --require-hashes --no-deps --target $(MUTMUT_DIR) -r mutation/requirements.txt
+	touch $(MUTMUT_STAMP)
+
+.PHONY: mutation
+mutation: $(STAMP) $(MUTMUT_STAMP)
+	nice -n 10 $(BIN)/python bench/mutation.py $(MUTATION_ARGS)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from trainlift.errors import UsageError
-from trainlift.train.data.examples import chat_prompt, read_jsonl
+from trainlift.train.data.examples import chat_prompt, read_jsonl, starts_with_bos
 
 
 def _prompt_and_answer(row: dict, tokenizer) -> tuple[str, str, str]:
@@ -49,6 +49,12 @@ def padding_tokenizer(model_dir: str):
     return tokenizer
 
 
+def prompt_ids(texts: list[str], tokenizer, fmt: str) -> list[list[int]]:
+    """The prompts' token ids as training lays out the start of an example of `fmt` (its BOS included)."""
+    bos = [tokenizer.bos_token_id] if starts_with_bos(tokenizer, fmt) else []
+    return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
 def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens: int = 16,
                 batch_size: int = 32) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
@@ -63,7 +69,8 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
     for name, value, least in (("--limit", limit, 1), ("--max-new-tokens", max_new_tokens, 1)):
         if value < least:
             raise UsageError(f"{name} {value}: must be at least {least}")
-    rows = read_jsonl(data_file, _detect_format(data_file))[:limit]
+    fmt = _detect_format(data_file)
+    rows = read_jsonl(data_file, fmt)[:limit]
     tokenizer = padding_tokenizer(model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hf_logging.disable_progress_bar()  # its "Loading weights" bar would sit between trainlift's own lines
@@ -72,7 +79,8 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
     samples = []
     for start in range(0, len(triples), batch_size):
         chunk = triples[start:start + batch_size]
-        enc = tokenizer([t for t, _, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        enc = tokenizer.pad({"input_ids": prompt_ids([t for t, _, _ in chunk], tokenizer, fmt)},
+                            return_tensors="pt").to(device)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)

@@ -32,8 +32,8 @@ def test_demo_config_lowers_eval_loss_and_exports_a_model_that_answers(tmp_path,
     report = json.loads(result.stdout)
     samples = report["samples"]
     assert report["total"] == len(samples) == 8
-    assert report["correct"] == sum(s["answer"] == s["expected"] for s in samples)
-    assert report["accuracy"] == report["correct"] / 8
+    # The exact-match score itself (real matches and misses, against plain `generate` on each prompt alone) is
+    # checked in tests/unit/test_evaluate.py on a model trained until it answers: 40 steps here answer none right.
     # 40 steps teach the answers' form, not yet their content: digits for add, spaced digits or letters for
     # sort and reverse (measured: 8 of 8 after 40 steps; the untrained base model: 0 of 8).
     assert sum(answer_form(s["answer"]) == answer_form(s["expected"]) for s in samples) >= 6, samples

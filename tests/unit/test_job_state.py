@@ -165,10 +165,12 @@ def test_submit_follow_ends_a_failed_job_with_its_cause(capsys):
 
     from trainlift.cli import jobs as cli_jobs
 
-    with pytest.raises(typer.Exit):
+    with pytest.raises(typer.Exit) as ended:
         cli_jobs._finish(RecordedJobClient(), "trainlift-run-1", "FAILED", False, {})
+    assert ended.value.exit_code == 1  # a failed job fails the command: scripts and CI read the exit status
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("job trainlift-run-1 FAILED because its node went away — resubmit the same spec")
-    with pytest.raises(typer.Exit):
+    with pytest.raises(typer.Exit) as ended:
         cli_jobs._finish(RecordedJobClient(), "trainlift-run-1", "FAILED", True, {})
+    assert ended.value.exit_code == 1
     assert '"cause": "its node went away"' in capsys.readouterr().out

@@ -4,6 +4,9 @@ A reviewer diffs tests/golden/reference/ against the reference sample's manifest
 Regenerate after an intended change with:
 
     TRAINLIFT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render_golden.py
+
+which rewrites the files and fails (a rewrite compares them with themselves); review the diff, then rerun without
+the variable.
 """
 
 from __future__ import annotations
@@ -56,10 +59,22 @@ def test_reference_deployment_matches_golden_files(golden, extra):
             target = golden / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+        # A rewrite compares the files with themselves: it must never count as a pass.
+        pytest.fail(f"golden files rewritten in {golden}; review the diff and rerun without TRAINLIFT_UPDATE_GOLDEN")
     expected = golden_files(golden)
     assert sorted(actual) == sorted(expected), "rendered files differ from the golden set (TRAINLIFT_UPDATE_GOLDEN=1)"
     for path in actual:
         assert actual[path] == expected[path], f"{path} differs from {golden.relative_to(ROOT)}/{path}"
+
+
+def test_update_mode_rewrites_the_files_and_never_passes(tmp_path, monkeypatch):
+    golden = tmp_path / "golden"
+    (golden / "stale").mkdir(parents=True)
+    (golden / "stale" / "gone.yaml").write_text("kind: Gone\n")
+    monkeypatch.setenv("TRAINLIFT_UPDATE_GOLDEN", "1")
+    with pytest.raises(pytest.fail.Exception, match="golden files rewritten"):
+        test_reference_deployment_matches_golden_files(golden, "")
+    assert golden_files(golden) == golden_files(GOLDEN) == rendered()
 
 
 @pytest.mark.parametrize("path, needle", [

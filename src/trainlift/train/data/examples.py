@@ -95,7 +95,8 @@ def chat_prompt(messages: list[dict], tokenizer) -> str:
     """The text a model is given to answer the last user turn."""
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return "".join(text for text, _ in _simple_chat_segments(messages, "")) + "<|assistant|>\n"
+    segments = _simple_chat_segments(messages, tokenizer.eos_token or "")  # earlier answers end as training ends them
+    return "".join(text for text, _ in segments) + "<|assistant|>\n"
 
 
 def segments_of(row: dict, fmt: str, tokenizer) -> list[tuple[str, bool]]:
@@ -114,6 +115,12 @@ def segments_of(row: dict, fmt: str, tokenizer) -> list[tuple[str, bool]]:
     return [(row["text"] + eos, True)]
 
 
+def starts_with_bos(tokenizer, fmt: str) -> bool:
+    """Whether an example of `fmt` starts with the BOS token: always where the tokenizer has one, except for
+    messages its chat template lays out (the template writes its own)."""
+    return tokenizer.bos_token_id is not None and not (fmt == "messages" and tokenizer.chat_template)
+
+
 def to_examples(rows: list[dict], fmt: str | Sequence[str], tokenizer) -> list[Example]:
     """Tokenized, masked examples; every segment of every row goes to the tokenizer in one batch call. `fmt`: the
     rows' format, or each row's (as tokenized: messages, prompt_completion or text)."""
@@ -123,8 +130,7 @@ def to_examples(rows: list[dict], fmt: str | Sequence[str], tokenizer) -> list[E
     pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
     examples = []
     for row_segments, row_fmt in zip(segments, fmts):
-        with_bos = tokenizer.bos_token_id is not None and not (row_fmt == "messages" and tokenizer.chat_template)
-        ids, labels = ([tokenizer.bos_token_id], [IGNORE]) if with_bos else ([], [])
+        ids, labels = ([tokenizer.bos_token_id], [IGNORE]) if starts_with_bos(tokenizer, row_fmt) else ([], [])
         for _, trained in row_segments:
             piece = next(pieces)
             ids += piece
@@ -179,7 +185,8 @@ def pack_stream(examples: Iterable[Example], seq_len: int, pad_id: int) -> Itera
             cur = {"input_ids": [], "labels": [], "position_ids": []}
             cur_members, cur_truncated = [], 0
         cur["input_ids"] += ids
-        cur["labels"] += [IGNORE] + labels[1:]  # nothing predicts an example's first token from the previous one
+        # nothing predicts an example's first token from the previous one
+        cur["labels"] += [IGNORE] + labels[1:] if labels else []
         cur["position_ids"] += list(range(len(ids)))
         cur_members.append(idx)
         cur_truncated += truncated
