@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "mutation"
 MUTMUT_LIB = ROOT / ".venv" / "mutmut"
 STAGE = ROOT / "bench" / "out" / "mutation"
-COPIED = ("src", "examples", "pyproject.toml")
+COPIED = ("src", "examples", "docs", "pyproject.toml")
 CLASS_SEPARATOR = "ǁ"  # how mutmut names a method's mutants: module.xǁClassǁmethod__mutmut_N
 DETECTED = {"killed", "timeout", "segfault"}  # a test failed, hung or crashed: the mutant was noticed
 TITLE = "23. Mutation testing of the core math"
@@ -95,7 +95,7 @@ def stage(target: dict) -> Path:
             shutil.copy2(source, where / name)
     shutil.copytree(ROOT / "tests", where / "tests", ignore=ignore)
     lines = ["[mutmut]", "source_paths = src", f"only_mutate = {target['file']}",
-             "also_copy =", "    examples",  # the tests read the demo data and tokenizer beside tests/
+             "also_copy =", "    examples", "    docs",  # the tests read the demo data, tokenizer and docs
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in target["tests"]),
              "pytest_add_cli_args =", "    -p", "    no:cacheprovider",
              # torch is not fork-safe once its thread pools run: each mutant forks from a clean server process.

@@ -249,3 +249,12 @@ def test_collate_counts_real_tokens_trained_labels_and_attended_pairs():
     # Rows that do not say how many tokens are real count all of them, padding (positions 0, 1, ...) as examples.
     bare = data.collate([{k: v for k, v in r.items() if k != "num_tokens"} for r in rows])
     assert (bare["num_tokens"], bare["attended_pairs"]) == (16, 3**2 + 2**2 + 3**2 + 6**2 + 2**2)
+
+
+def test_without_an_eos_token_earlier_answers_end_with_nothing_in_training_and_in_eval():
+    tok = AutoTokenizer.from_pretrained(REPO / "examples" / "tiny" / "tokenizer")
+    tok.eos_token = None
+    assert data.chat_prompt(MULTI_TURN[:3], tok) == ("<|user|>\nreverse ab\n<|assistant|>\nba"
+                                                     "<|user|>\nreverse cd\n<|assistant|>\n")
+    ex = data.to_example({"messages": MULTI_TURN}, "messages", tok)
+    assert tok.decode(ex.input_ids) == data.chat_prompt(MULTI_TURN[:3], tok) + "dc"
