@@ -80,3 +80,14 @@ def test_examples_are_counted_and_gathered_across_rows():
     gathered = preference_loss.examples_of_rows(packed, [2, 0])
     assert gathered.tolist() == [5, 0, 1] and gathered.dtype == np.int64
     assert preference_loss.examples_of_rows(packed, []).dtype == np.int64  # an empty slice indexes too
+
+
+def test_a_chunkable_head_never_holds_the_whole_logits():
+    """The point of chunking: the model's own forward is asked for no logits (a chunk at a time runs the head)."""
+    model = tiny_model()
+    batch, _ = pair_batch()
+    outputs = []
+    model.register_forward_hook(lambda module, args, output: outputs.append(output))
+    with torch.no_grad():
+        preference_loss.sequence_logps(model, batch)
+    assert [tuple(o.logits.shape) for o in outputs] == [(2, 0, 96)]

@@ -113,3 +113,25 @@ def test_a_model_without_a_separate_linear_head_gets_its_own_logits_loss(monkeyp
     with torch.no_grad():
         _, chunked_aux = loss.token_loss_and_aux(moe, batch())
     torch.testing.assert_close(chunked_aux, own)
+
+
+def test_the_head_is_chunked_only_where_it_is_a_linear_apart_from_the_decoder():
+    from types import SimpleNamespace
+
+    qwen = tiny_model()
+    assert loss.chunked_head(qwen)
+    own_decoder = SimpleNamespace(get_decoder=lambda: own_decoder, get_output_embeddings=lambda: torch.nn.Linear(2, 3))
+    conv_head = SimpleNamespace(get_decoder=lambda: qwen.model, get_output_embeddings=lambda: torch.nn.Conv1d(2, 3, 1))
+    assert not loss.chunked_head(own_decoder) and not loss.chunked_head(conv_head)
+
+
+def test_a_family_that_reads_a_logit_attribute_its_own_way_gets_its_own_operation():
+    """HyperCLOVA X multiplies by logits_scaling where Granite divides by it (families.yaml logits_by_family)."""
+    from types import SimpleNamespace
+
+    def config(model_type):
+        return SimpleNamespace(model_type=model_type, get_text_config=lambda: SimpleNamespace(logits_scaling=4.0))
+
+    logits = torch.tensor([[1.0, -2.0]])
+    assert loss.logit_transform(config("hyperclovax"))(logits).tolist() == [[4.0, -8.0]]
+    assert loss.logit_transform(config("granite"))(logits).tolist() == [[0.25, -0.5]]
