@@ -153,6 +153,7 @@ def run_cells(config: dict) -> None:
     """Ray Train's loop: every cell of `config["cells"]` on this group, results written by rank 0."""
     import ray.train
 
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # not a silent fall back to eager in a compiled cell
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     results = []
