@@ -3,7 +3,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-PIP_VERSION := 26.3
 TORCH_VERSION := 2.13.0
 EXTRAS := --extra test --extra track --extra report --extra lora
 # torch and the CUDA runtime its PyPI build pulls: `pip install torch==$(TORCH_VERSION)` installs them (a CPU build
@@ -14,13 +13,16 @@ TORCH_PACKAGES := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia
 
 .PHONY: install demo test clean chromium lock
 
-# Every package but torch comes from requirements.lock, each file checked against its sha256 (--require-hashes).
-$(STAMP): pyproject.toml requirements.lock Makefile
+# Every file pip installs is checked against its sha256 (--require-hashes): pip from requirements-pip.txt, every
+# package but torch from requirements.lock, torch and its CUDA runtime from requirements-torch.txt. A torch build in
+# pip's find-links (a CPU build) is taken first (--no-index); pip would otherwise prefer the index's hashed links.
+$(STAMP): pyproject.toml requirements.lock requirements-pip.txt requirements-torch.txt Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is needed (requirements.lock is resolved for 3.11+): make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/pip install --quiet --require-hashes -r requirements-pip.txt
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
-	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet --require-hashes --no-index -c requirements-torch.txt torch==$(TORCH_VERSION) 2>/dev/null || \
+	  $(BIN)/pip install --quiet --require-hashes -c requirements-torch.txt torch==$(TORCH_VERSION)
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip check
 	touch $(STAMP)

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -71,12 +72,64 @@ def open_local(path: str, append: bool = False) -> IO[bytes]:
 
 def write_file(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """`data` as the run file `path` on `fs`: on a local disk without following a link (`open_local`)."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        with open_local(path) as out:
-            out.write(data)
-        return
-    with fs.open_output_stream(path) as out:
+    with open_output(fs, path) as out:
         out.write(data)
+
+
+def open_output(fs: pafs.FileSystem, path: str) -> IO[bytes]:
+    """The run file `path` on `fs` opened for writing: on a local disk without following a link (`open_local`)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return open_local(path)
+    return fs.open_output_stream(path)
+
+
+def refuse_link_dir(path: str, fs: pafs.FileSystem | None = None) -> None:
+    """Refuse a local directory of a run (a checkpoint, the export) that is itself a link or holds one; nothing to
+    refuse on another `fs` (S3 has no links)."""
+    if fs is not None and not isinstance(fs, pafs.LocalFileSystem):
+        return
+    if os.path.islink(path):
+        raise link_refused(path)
+    if os.path.isdir(path):
+        refuse_links(path)
+
+
+def make_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Create the run's directory `path` on `fs`; on a local disk one that is, or holds, a link is refused."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path)
+        return
+    refuse_link_dir(path)
+    os.makedirs(path, exist_ok=True)
+    refuse_link_dir(path)  # planted between the look and the mkdir
+
+
+def copy_into(local_dir: str, fs: pafs.FileSystem, path: str) -> None:
+    """The files of the private `local_dir` copied into the run's directory `path` on `fs` (created); on a local
+    disk each written without following a link, and `path` refused when it is, or holds, one."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path)
+        pafs.copy_files(local_dir, path, destination_filesystem=fs)
+        return
+    make_dir(fs, path)
+    for entry in sorted(os.scandir(local_dir), key=lambda e: e.name):
+        target = os.path.join(path, entry.name)
+        if entry.is_dir(follow_symlinks=False):
+            copy_into(entry.path, fs, target)
+        elif entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as src, open_local(target) as out:
+                shutil.copyfileobj(src, out, 2**24)
+
+
+def delete_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a directory of the run; on a local disk a link in its place is refused, not followed, and links in it
+    are removed, not followed."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        fs.delete_dir(path)
+        return
+    if os.path.islink(path):
+        raise link_refused(path)
+    shutil.rmtree(path)
 
 
 def _absolute(path: str) -> str:

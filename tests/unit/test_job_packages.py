@@ -42,20 +42,32 @@ def test_the_dlc_lock_is_known_for_its_floating_and_release_tags():
     assert image_lock("registry.example/my/ray:latest") is None
 
 
+LIGER = "liger-kernel==0.6.4 --hash=sha256:" + "a" * 64
+PEFT = "peft==0.21.2 --hash=sha256:" + "b" * 64
+
+
+def requirements(lines: list[str]) -> list[str]:
+    return [line.split(" --hash")[0] for line in lines]
+
+
 def test_lora_and_trackers_bring_what_the_image_lacks_pinned():
     job = spec(model={"path": "m", "lora": {}}, run={"trackers": ["tensorboard"]},
-               runtime={"pip": ["liger-kernel==0.6.4", "peft==0.21.2"]})
-    assert runtime_pip(job, image_lock(DLC)) == ["peft==0.21.2", "tensorboard==2.21.0", "liger-kernel==0.6.4"]
-    assert runtime_pip(job, None) == ["peft==0.21.2", "tensorboard==2.21.0", "liger-kernel==0.6.4"]
+               runtime={"pip": [LIGER, PEFT]})
+    tensorboard = ["absl-py==2.5.1", "markdown==3.11.4", "tensorboard==2.21.0", "tensorboard-data-server==0.7.2",
+                   "werkzeug==3.1.9"]
+    assert requirements(runtime_pip(job, image_lock(DLC))) == [*tensorboard[:2], "peft==0.21.2", *tensorboard[2:],
+                                                              "liger-kernel==0.6.4"]
+    assert requirements(runtime_pip(job, None)) == requirements(runtime_pip(job, image_lock(DLC)))
     with_peft = ImageLock("x", {"peft": "0.21.2", "tensorboard": "2.21.0"}, frozenset(), ())
-    assert runtime_pip(job, with_peft) == ["liger-kernel==0.6.4", "peft==0.21.2"]
+    assert runtime_pip(job, with_peft) == [LIGER, PEFT]
     assert runtime_pip(spec(), image_lock(DLC)) == []
 
 
 def test_a_runtime_pip_line_that_would_replace_an_image_package_is_refused():
     with pytest.raises(SpecError, match=r"runtime.pip: torch==2.5.0 would replace the image's torch 2.13.0\+cu130"):
         runtime_pip(spec(runtime={"pip": ["torch==2.5.0"]}), image_lock(DLC))
-    assert runtime_pip(spec(runtime={"pip": ["torch==2.13.0", "ray"]}), image_lock(DLC)) == ["torch==2.13.0", "ray"]
+    torch = "torch==2.13.0 --hash=sha256:" + "c" * 64
+    assert runtime_pip(spec(runtime={"pip": [torch]}), image_lock(DLC)) == [torch]
     with pytest.raises(SpecError, match="runtime.pip: 'rm -rf /' is not a pip requirement"):
         spec(runtime={"pip": ["rm -rf /"]})
 
@@ -77,4 +89,5 @@ def test_the_rendered_rayjob_installs_peft_for_a_lora_job(tmp_path, monkeypatch)
                        pip=tuple(runtime_pip(job, image_lock(cluster.image.uri))))
     rayjob = next(m for m in render_cluster(cluster, inputs) if m.kind == "RayJob")
     runtime_env = yaml.safe_load(yaml.safe_load(rayjob.text())["spec"]["runtimeEnvYAML"])
-    assert runtime_env["pip"] == ["peft==0.21.2"]
+    assert requirements(runtime_env["pip"]["packages"]) == ["peft==0.21.2"]
+    assert "--require-hashes" in runtime_env["pip"]["pip_install_options"]

@@ -163,7 +163,8 @@ def test_rays_directory_is_in_this_users_private_temporary_directory(short_tmp):
     ray_dir = localray.ray_temp_dir()
     assert str(ray_dir) == f"{short_tmp}/trainlift-{os.geteuid()}/ray"
     assert mode(ray_dir) == mode(ray_dir.parent) == 0o700
-    assert localray.private_ray_env(ray_dir) == {"RAY_TMPDIR": str(ray_dir.parent)}
+    env = localray.private_ray_env(ray_dir)
+    assert env["RAY_TMPDIR"] == str(ray_dir.parent) and env["PYTHONPATH"].split(os.pathsep)[0] == str(localray.RAY_SITE)
 
 
 def test_rays_directory_leaves_a_temporary_directory_too_long_for_its_sockets(short_tmp, monkeypatch, tmp_path):

@@ -11,8 +11,9 @@ written with a fresh token (0600, its directory 0700) and reused afterwards.
 
 Every Ray that trainlift starts keeps its files in this user's private temporary directory
 (`<tmp>/trainlift-<uid>/ray`, 0700 above it), not in Ray's shared default (`/tmp/ray`), where another user could
-create a session's or a package's directory first. Ray makes every directory it creates 0777; inside the private
-one no other user reaches them, and trainlift takes the others' write bits off them as Ray starts and ends.
+create a session's or a package's directory first. Ray chmods every directory it creates or reuses 0777: in
+each Python process of a Ray trainlift starts, a sitecustomize (ray_site/, on its PYTHONPATH) makes that 0700, the
+head runs under umask 077, and trainlift takes the others' access off whatever is left as Ray starts and ends.
 """
 
 from __future__ import annotations
@@ -127,10 +128,15 @@ def seal(root: Path) -> None:
                     os.chmod(path, 0o700, follow_symlinks=False)
 
 
+RAY_SITE = Path(__file__).with_name("ray_site")  # its sitecustomize keeps Ray's directories 0700, not 0777
+
+
 def private_ray_env(temp_dir: Path | None = None) -> dict[str, str]:
     """The environment that puts a Ray process's default temp dir (`temp_dir`, default `ray_temp_dir()`) and Ray
-    Train's lock files in this user's private directory."""
-    return {RAY_TMPDIR: str((temp_dir or ray_temp_dir()).parent)}
+    Train's lock files in this user's private directory, and has each of its Python processes make the directories
+    Ray creates 0700 (ray_site/sitecustomize.py)."""
+    path = [str(RAY_SITE), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(RAY_SITE))]
+    return {RAY_TMPDIR: str((temp_dir or ray_temp_dir()).parent), "PYTHONPATH": os.pathsep.join(path)}
 
 
 def write_private(path: Path, text: str) -> None:
@@ -162,6 +168,9 @@ def start_in_process(num_cpus: int | None = None, log_to_driver: bool = False) -
     temp_dir = ray_temp_dir()
     os.environ.update({**token_auth_env(), **private_ray_env(temp_dir)})
     Config.initialize("")  # Ray read RAY_AUTH_MODE when first imported; re-read it, as Ray's own token default does
+    from trainlift.ops.ray_site import sitecustomize  # this process's Ray: its directories 0700 too
+
+    sitecustomize.install()
     atexit.register(seal, temp_dir)  # before ray.init: runs after Ray's own exit handler has stopped it
     # Ray starts workers at nice 15 by default; here the training workers are the point, not a background job.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
@@ -247,8 +256,12 @@ def up(port: int = 8265, num_cpus: int | None = None, wait_s: float = 90.0) -> d
         cmd.append(f"--num-cpus={num_cpus}")
     log_path = state_file().with_name("local-head.log")
     os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600))
-    proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path_with_this_python(), **SINGLE_MACHINE_ENV,
-                                                       **token_auth_env(), **private_ray_env(temp_dir)})
+    umask = os.umask(0o077)  # inherited by the head and every process it starts: what they create is theirs alone
+    try:
+        proc = run.spawn_detached(cmd, str(log_path), env={"PATH": path_with_this_python(), **SINGLE_MACHINE_ENV,
+                                                           **token_auth_env(), **private_ray_env(temp_dir)})
+    finally:
+        os.umask(umask)
     url = f"http://{LOOPBACK}:{port}"
     deadline = time.monotonic() + wait_s
     while not dashboard_up(url):

@@ -27,7 +27,8 @@ from typing import Callable, NamedTuple
 import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from trainlift import rundir
 
 from trainlift.train.model.weights import tied_aliases
 
@@ -87,6 +88,8 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor | None:
     """The whole tensor on rank 0's CPU; None on every other rank, which never holds it whole. A DTensor's shards
     are gathered to rank 0 from its shard group (every rank must call it; ranks of other HSDP replicas only
     return)."""
+    from torch.distributed.tensor import DTensor
+
     rank = dist.get_rank() if dist.is_initialized() else 0
     if not isinstance(tensor, DTensor):
         return tensor.detach().cpu() if rank == 0 else None
@@ -150,9 +153,9 @@ def write_weights(fs: pafs.FileSystem, out_dir: str, weights: dict[str, WeightSo
     files = plan_files(entries, max_file_bytes)
     names = file_names(len(files))
     if rank == 0:
-        fs.create_dir(out_dir)
+        rundir.make_dir(fs, out_dir)
     for file_name, file_entries in zip(names, files):
-        out = fs.open_output_stream(f"{out_dir}/{file_name}") if rank == 0 else None
+        out = rundir.open_output(fs, f"{out_dir}/{file_name}") if rank == 0 else None
         if out is not None:
             out.write(safetensors_header(file_entries))
         for name, _, entry_dtype in file_entries:
@@ -165,7 +168,7 @@ def write_weights(fs: pafs.FileSystem, out_dir: str, weights: dict[str, WeightSo
     if rank == 0 and len(files) > 1:
         weight_map = {name: file_name for file_name, file_entries in zip(names, files) for name, _, _ in file_entries}
         index = {"metadata": {"total_size": sum(nbytes_of(s, d) for _, s, d in entries)}, "weight_map": weight_map}
-        with fs.open_output_stream(f"{out_dir}/{INDEX}") as out:
+        with rundir.open_output(fs, f"{out_dir}/{INDEX}") as out:
             out.write(json.dumps(index, indent=2).encode())
     return names
 
@@ -186,7 +189,7 @@ def write_metadata(fs: pafs.FileSystem, out_dir: str, config, tokenizer, dtype: 
         else:
             GenerationConfig.from_model_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        pafs.copy_files(tmp, out_dir, destination_filesystem=fs)
+        rundir.copy_into(tmp, fs, out_dir)
 
 
 def export_hf(fs: pafs.FileSystem, out_dir: str, model: torch.nn.Module, config, tokenizer, dtype: torch.dtype,

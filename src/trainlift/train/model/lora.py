@@ -19,12 +19,14 @@ import contextlib
 import math
 import re
 import tempfile
+import warnings
 from functools import partial
 
 import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 
+from trainlift import rundir
 from trainlift.config.job import LoraSection
 from trainlift.errors import SpecError, UsageError
 from trainlift.train.model.export import WeightSource, full_tensor
@@ -53,7 +55,9 @@ def lora_config(section: LoraSection):
 def apply(model: torch.nn.Module, section: LoraSection) -> torch.nn.Module:
     """Wrap `model` (on the meta device, or real) with adapters and freeze the base weights. The adapters' values
     are set by `init_adapters` once the model has storage; the global RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing`; the warning is for peft, not the user
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         return _peft().get_peft_model(model, lora_config(section))
 
 
@@ -189,8 +193,7 @@ def save_adapter(fs: pafs.FileSystem, out_dir: str, model, tokenizer, base_model
     with tempfile.TemporaryDirectory(prefix="trainlift-adapter-") as tmp:
         model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        fs.create_dir(out_dir)
-        pafs.copy_files(tmp, out_dir, destination_filesystem=fs)
+        rundir.copy_into(tmp, fs, out_dir)  # on a local disk through no link
 
 
 def scaling_of(model) -> tuple[float, bool]:

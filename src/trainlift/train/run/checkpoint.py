@@ -90,7 +90,7 @@ def mark_complete(fs: pafs.FileSystem, path: str, step: int, world_size: int) ->
             f"{path.rstrip('/').rsplit('/', 1)[-1]} was not fully uploaded (missing {', '.join(missing)}), "
             f"so it is not marked {MARKER}")
     if isinstance(fs, pafs.LocalFileSystem):  # a link planted in it while it was written: not marked complete
-        rundir.refuse_links(path)
+        rundir.refuse_link_dir(path)
     rundir.write_file(fs, f"{path}/{MARKER}", json.dumps({"step": step, "world_size": world_size,
                                                            "time": time.time()}).encode())
 
@@ -104,7 +104,7 @@ def prune(fs: pafs.FileSystem, run_path: str, keep: int) -> list[str]:
     newest_step = step_of(complete[-1])
     doomed = complete[:-keep] + [path for step, path, done in entries if not done and step < newest_step]
     for path in doomed:
-        fs.delete_dir(path)
+        rundir.delete_dir(fs, path)
     return doomed
 
 
@@ -112,7 +112,7 @@ def remove_unfinished_after(fs: pafs.FileSystem, run_path: str, step: int) -> No
     """Leftovers of a crashed save beyond the resume point would be merged into by the next save."""
     for s, path, done in list_checkpoints(fs, run_path):
         if s > step and not done:
-            fs.delete_dir(path)
+            rundir.delete_dir(fs, path)
 
 
 def trainable_state(model, optimizer) -> tuple[dict, dict]:

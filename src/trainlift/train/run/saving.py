@@ -27,6 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainlift import rundir
 from trainlift.train.model.fetch import staging_root
 from trainlift.train.run import checkpoint
 
@@ -71,6 +72,8 @@ class Saver:
         import ray.train
 
         w = self.w
+        if w.rank == 0:  # Ray Train's upload follows links: one planted on a local disk is refused before it starts
+            rundir.refuse_link_dir(f"{w.run_path}/{checkpoint.dir_name(step)}", w.fs)
         with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-", dir=staging_root()) as local_dir:
             checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, w.rank, w.world)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
@@ -96,15 +99,12 @@ class Saver:
 
     def _finish(self, written, local_dir: str, step: int, stager) -> None:
         """On the saver's thread: wait for the write, upload, agree that every rank's upload succeeded, commit."""
-        import pyarrow.fs as pafs
-
         w = self.w
         path = f"{w.run_path}/{checkpoint.dir_name(step)}"
         ok = True
         try:
             written.result()
-            w.fs.create_dir(path)
-            pafs.copy_files(local_dir, path, destination_filesystem=w.fs)
+            rundir.copy_into(local_dir, w.fs, path)  # on a local disk through no link
         except BaseException as exc:  # noqa: BLE001 - raised on the training thread by wait()
             self._error, ok = exc, False
         finally:

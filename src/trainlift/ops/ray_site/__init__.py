@@ -1,0 +1,1 @@
+"""The sitecustomize of the Ray processes trainlift starts (see sitecustomize.py)."""
