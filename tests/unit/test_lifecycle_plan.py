@@ -140,7 +140,9 @@ def test_up_carries_the_exact_commands():
     doctor = commands(plan, "doctor")[0]
     # The dashboard, not Ray Client: the probe runs as a job on the head, whatever the laptop's Ray and Python.
     assert "port-forward svc/ray-train-head-svc 18265:8265" in doctor
-    assert doctor.endswith("trainlift doctor --address http://127.0.0.1:18265 --expect-fabric efa")
+    # With S3 storage, every node also probes the run storage with the pods' own role (doctor/storage.py).
+    assert doctor.endswith("trainlift doctor --address http://127.0.0.1:18265 --expect-fabric efa "
+                           "--storage s3://my-trainlift-checkpoints/ray-train")
     assert "AZ us-east-2a" in next(s for s in plan.steps if s.key == "nodegroup/gpu-workers").observed
 
 

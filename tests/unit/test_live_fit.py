@@ -2,8 +2,10 @@
 RayCluster: in the plan where the nodes have joined, and at apply time (after a first `up` created them).
 
 No API server runs here. The nodes are `kubectl get nodes -o json` objects in kubectl's shape, their allocatable
-as an EKS AL2023 node reports it (EC2 memory less what the kernel keeps, kube-reserved, eviction); the apply-time
-check runs the real subprocess path against a `kubectl` script that prints them."""
+as an EKS AL2023 node reports it (EC2 memory less what the kernel keeps, kube-reserved, eviction); a g6.12xlarge
+worker's hugepages-2Mi is efa-config's pool (2,641 pages) and its ephemeral-storage the instance-store RAID0 (3,760 GB,
+0.5% taken by the filesystem) less kube-reserved's 1Gi and the 10% nodefs eviction threshold, as nodeadm configures
+the kubelet. The apply-time check runs the real subprocess path against a `kubectl` script that prints them."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ SPEC = parse_cluster_spec(yaml.safe_load((ROOT / "examples" / "cluster-reference
 def node(name: str, labels: dict, cpu: str, memory: str, gpus: int = 0, efa: int = 0) -> dict:
     allocatable = {"cpu": cpu, "memory": memory, "ephemeral-storage": "76224326324", "pods": "58"}
     if gpus:
-        allocatable.update({"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa), "hugepages-2Mi": "5Gi"})
+        allocatable.update({"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa), "hugepages-2Mi": "5282Mi",
+                            "ephemeral-storage": "3366006258176", "pods": "234"})
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "us-east-2a", **labels}},
             "status": {"allocatable": allocatable, "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -69,12 +72,12 @@ def lifecycle_observed(text: str) -> Observed:
 
 
 def test_a_system_node_with_less_cpu_than_render_assumed_blocks_the_raycluster_with_the_numbers():
-    """3,800m allocatable (an AMI or kubelet config that reserves 200m instead of nodeadm's 80m) leaves 2,575m after
-    the add-ons, operators and submitter: the 2,600m head would stay Pending."""
+    """3,800m allocatable (an AMI or kubelet config that reserves 200m instead of nodeadm's 80m) leaves 2,450m after
+    the add-ons, operators, submitter and the margin for one more DaemonSet: the 2,500m head would stay Pending."""
     problems = live_fit_problems(SPEC, parse_nodes(nodes_json(system_cpu="3800m")))
-    assert problems == ["the ray-head pod fits 0 of 1 m7i.xlarge node(s) as they are: it requests 2600m CPU, "
-                        "11264 MiB; ip-10-0-1-10.us-east-2.compute.internal has 2575m CPU, 12735 MiB left of its "
-                        "allocatable after what lands there first"]
+    assert problems == ["the ray-head pod fits 0 of 1 m7i.xlarge node(s) as they are: node "
+                        "ip-10-0-1-10.us-east-2.compute.internal CPU: allocatable 3800m, render expected 3920m; the pod "
+                        "requests 2500m and 2450m is left after what lands there first"]
     plan = plan_up(SPEC, lifecycle_observed(nodes_json(system_cpu="3800m")), {}, Files(".trainlift/ray-train"))
     [step] = [s for s in plan.steps if s.key == "raycluster"]
     assert step.action == "blocked" and step.note == problems[0]
@@ -91,4 +94,4 @@ def test_the_apply_time_check_reads_the_nodes_that_joined_since_the_plan(tmp_pat
     with pytest.raises(TrainliftError) as caught:
         apply_plan._apply_op(FIT_OP, SPEC, Files(str(tmp_path)), None, print)
     assert "the ray-head pod fits 0 of 1 m7i.xlarge node(s) as they are" in caught.value.message
-    assert "MiB left of its allocatable" in caught.value.message
+    assert "memory: allocatable 11719 MiB, render expected 14162 MiB" in caught.value.message

@@ -12,6 +12,7 @@ from trainlift import catalog
 from trainlift.config.cluster import parse_cluster_spec
 from trainlift.errors import SpecError
 from trainlift.render import JobInputs, render_cluster, render_manifests, validate_manifests
+from trainlift.render import job_launch
 from trainlift.render.rayjob import k8s_name, render_rayjob
 from trainlift.render.validate import crd_problems, unknown_fields
 
@@ -250,7 +251,7 @@ def test_rayjob_on_the_rendered_cluster():
     assert body["spec"]["shutdownAfterJobFinishes"] is False
     assert yaml.safe_load(body["spec"]["runtimeEnvYAML"]) == {
         "working_dir": "s3://bucket/code.zip", "py_modules": ["s3://bucket/trainlift.zip"],
-        "env_vars": {"PYTHONUNBUFFERED": "1"}}
+        "env_vars": {"PYTHONUNBUFFERED": "1", **job_launch.QUIET_JOB_ENV}}
     assert body["spec"]["submitterConfig"] == {"backoffLimit": 2}
 
 

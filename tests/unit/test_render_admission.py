@@ -61,8 +61,9 @@ def test_a_job_with_its_own_cluster_alone_is_admitted_with_its_submitter_on_the_
     [job] = [w for w in admission.queued_workloads(manifests) if w.kind == "RayJob"]
     assert [ps.name for ps in job.podsets] == ["head", "h100", "submitter"]
     assert admission.admit(queue, [job]) == []
-    # head 2600m + submitter 200m on the system flavor; 2 p5 workers x 8 GPUs on h100's
-    assert job.usage[("ray-train-p5-system", "cpu")] == 2800
+    # head 2500m (the system node keeps room for one more DaemonSet) + submitter 200m on the system flavor; 2 p5
+    # workers x 8 GPUs on h100's
+    assert job.usage[("ray-train-p5-system", "cpu")] == 2700
     assert job.usage[("ray-train-p5-h100", "nvidia.com/gpu")] == 16
     assert job.usage[("ray-train-p5-h100", "vpc.amazonaws.com/efa")] == 64
 
@@ -101,7 +102,7 @@ def test_a_resource_the_queue_does_not_cover_is_refused():
 def test_render_prints_and_reports_the_admission(tmp_path):
     result = CliRunner().invoke(app, ["render", str(CLUSTERS["p5"]), "--check"])
     assert result.exit_code == 0, result.output
-    assert "queue  RayCluster ray-train-p5 admitted in ClusterQueue ray-train-p5: ray-train-p5-system: cpu 2600m of " \
+    assert "queue  RayCluster ray-train-p5 admitted in ClusterQueue ray-train-p5: ray-train-p5-system: cpu 2500m of " \
         "4000m" in result.output
     result = CliRunner().invoke(app, ["render", str(CLUSTERS["p5"]), "--check", "--json"])
     assert json.loads(result.stdout)["admission"][0].startswith("RayCluster ray-train-p5 admitted")

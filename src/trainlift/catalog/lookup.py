@@ -28,6 +28,7 @@ class InstanceProfile(BaseModel):
     network_burst: bool = Field(False, description="EC2 lists the bandwidth as 'Up to ...'.")
     efa_interfaces: int = Field(0, description="EFA interfaces the instance takes; 0 when it has no EFA.")
     efa_hugepages_mib: int = Field(0, description="2 MiB hugepages (in MiB) an EFA pod requests; 0 without EFA.")
+    max_pods: int = Field(110, description="The kubelet's maxPods on an EKS AL2023 node of this type (nodeadm).")
     gpudirect_rdma: bool = False
     network_layers: int = Field(
         0, description="Layers of EC2 network topology EKS labels the node with (topology.k8s.aws/network-node-layer-N); "

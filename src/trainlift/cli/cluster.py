@@ -26,10 +26,10 @@ _MARK = {"nothing": "dim", "blocked": "bold red", "wait": "yellow", "check": "cy
 
 
 def load_cluster_spec(path: Path):
-    from trainlift.cli.render import _read
+    from trainlift.cli.render import _read, sized_system
     from trainlift.config.cluster import cluster_spec_from_yaml
 
-    return cluster_spec_from_yaml(_read(path), source=str(path))
+    return sized_system(cluster_spec_from_yaml(_read(path), source=str(path)))
 
 
 def print_plan(plan, header: str) -> None:

@@ -97,6 +97,27 @@ def _cache_account(cluster: ClusterSpec) -> ClusterSpec:
         return cluster
 
 
+def _credentials_present() -> bool:
+    import boto3
+
+    return boto3.session.Session().get_credentials() is not None
+
+
+def _check_image(cluster: ClusterSpec) -> str | None:
+    """With AWS credentials on this machine, ask the image's registry whether the image the pods run exists: a
+    SpecError in one line when it does not; its digest (ECR Public gives one) when it does. Without credentials,
+    render stays offline."""
+    from trainlift.catalog.lookup import pinned_image
+    from trainlift.cloud import ecr
+
+    if not _credentials_present():
+        return None
+    found = ecr.check_image(pinned_image(cluster.image.uri) or cluster.image.uri)  # as ops.lifecycle.upstream_image
+    if isinstance(found, ecr.ImageLookup) and not found.found:
+        raise SpecError(f"image.uri: {found.absent_line()}", hint=ecr.ABSENT_HINT)
+    return found.digest if isinstance(found, ecr.ImageLookup) and found.digest else None
+
+
 def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     """The spec with its image pinned by digest where its registry can be asked; otherwise a warning that names
     the image the pods run instead (the catalog's release tag for a floating DLC tag)."""
@@ -105,10 +126,11 @@ def _pin_image(cluster: ClusterSpec) -> tuple[ClusterSpec, str | None]:
     from trainlift.render.raycluster import image_ref
 
     cluster = _cache_account(cluster)
+    upstream_digest = _check_image(cluster)
     target = image_ref(cluster)
     if "@" in target:
         return cluster, None
-    found = ecr.image_digest(target)
+    found = ecr.image_digest(target) if upstream_digest is None or cluster.image.cache == "ecr" else upstream_digest
     if isinstance(found, str):
         image = cluster.image.model_copy(update={"uri": f"{target}@{found}"})
         return cluster.model_copy(update={"image": image}), None
@@ -126,6 +148,16 @@ def _job_s3_uses(job, cluster: ClusterSpec) -> list:
         return []
     raise_problems(mlflow_secret_problems(cluster, job))
     return job_s3_uses(job)
+
+
+def sized_system(cluster: ClusterSpec) -> ClusterSpec:
+    """The spec with a system node type that keeps the DaemonSets' headroom (render.fit), saying so when it changed."""
+    from trainlift.render.fit import with_system_headroom
+
+    cluster, note = with_system_headroom(cluster)
+    if note:
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    return cluster
 
 
 @app.command("render")
@@ -150,6 +182,7 @@ def render(
 ) -> None:
     """Render eksctl, Helm, RayCluster (and RayJob) manifests from one cluster spec; validate them first."""
     from trainlift.render import admissions, image_ref, pod_placements, render_cluster
+    from trainlift.render.cold_start import cold_start
     from trainlift.render.eksctl import image_pulls
     from trainlift.render.helm import render_helm_releases
 
@@ -157,7 +190,7 @@ def render(
         raise UsageError("render: pass -o DIR to write the manifests, or --check to validate only")
     if out is not None and check:
         raise UsageError("render: --check writes nothing; drop -o or --check")
-    cluster = cluster_spec_from_yaml(_read(spec_path), source=str(spec_path))
+    cluster = sized_system(cluster_spec_from_yaml(_read(spec_path), source=str(spec_path)))
     job_spec = load_job_spec(job) if job is not None else None
     inputs = _job_inputs(job, job_spec, cluster, job_shutdown, working_dir, trainlift_uri) if job_spec else None
     cluster, warning = _pin_image(cluster)
@@ -175,6 +208,7 @@ def render(
         "charts": [{k: r[k] for k in ("name", "chart", "version", "digest", "digestFrom")}
                    for r in render_helm_releases(cluster)],
         "image_pull": image_pulls(cluster),
+        "waits": cold_start(cluster).lines(),
     }
     if out is not None:
         for m in manifests:
@@ -191,6 +225,7 @@ def render(
 
 def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> None:
     from trainlift.render import admissions, pod_placements
+    from trainlift.render.cold_start import cold_start
     from trainlift.render.eksctl import image_pulls
     from trainlift.render.helm import digest_line, render_helm_releases
 
@@ -206,6 +241,8 @@ def _print_rendered(cluster: ClusterSpec, manifests: list, out: Path | None) -> 
         console.print(f"chart  {digest_line(release)}", highlight=False)
     for line in image_pulls(cluster).values():
         console.print(f"pull   {line}", highlight=False)
+    for line in cold_start(cluster).lines():
+        console.print(f"wait   {line}", highlight=False)
     console.print(
         f"{len(manifests)} manifests, fabric {cluster.fabric}, {cluster.gpu_count} GPUs, scheduler "
         f"{cluster.scheduler}, checked against eksctl v0.230.0, nodeadm v20260724, KubeRay v1.7.0, Kueue v0.19.2, Volcano v1.15.1 CRDs and Kubernetes "

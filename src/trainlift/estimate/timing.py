@@ -110,3 +110,23 @@ def step_timing(m: ModelShape, w: Workload, fabric: Fabric) -> Timing:
         comm += replica_bytes_per_step(m, w) / (fabric.replica_busbw_gbps * 1e9)
     step = max(compute, comm)
     return Timing(model_flops_per_token(m, w), compute, comm, step, tokens / step, hardware_flops_per_token(m, w))
+
+
+@dataclass(frozen=True)
+class PullPath:
+    """How one node pulls an image: the rate a pull unpacks at (GB of image a second, from a measured pull), the
+    node's network (Gb/s) and the rate its layers' disk takes writes at (GB/s; None: not the narrower part)."""
+
+    unpack_gb_per_s: float
+    network_gbps: float
+    disk_gb_per_s: float | None = None
+
+
+def image_pull_s(image_gb: float, path: PullPath) -> float:
+    """An image's first pull on a node (GB of the image unpacked): the slowest of unpacking it at the measured rate,
+    fetching it over the node's network and writing it to the layers' disk. estimate's cold start takes the field
+    report's pull of the Ray Train DLC, which this model reproduces at the DLC's catalogued size."""
+    seconds = [image_gb / path.unpack_gb_per_s, image_gb * 8 / path.network_gbps]
+    if path.disk_gb_per_s:
+        seconds.append(image_gb / path.disk_gb_per_s)
+    return max(seconds)

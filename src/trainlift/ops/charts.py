@@ -1,5 +1,7 @@
-"""Each pinned Helm chart is pulled before anything billable is created, its archive's sha256 taken, and `cluster
-up` installs that very file. A chart whose digest is pinned (the spec's `versions.chart_digests`, or the catalog's
+"""Each pinned Helm chart is pulled before anything billable is created, its digest taken, and `cluster up`
+installs that very file. A chart's digest is what its publisher lists: from an HTTP repository the sha256 of the
+archive (index.yaml's `digest`), from an OCI registry the manifest digest Helm prints as it pulls. A chart whose
+digest is pinned (the spec's `versions.chart_digests`, or the catalog's
 for its pinned version) must match it; a chart pinned by version only has the digest first pulled recorded in the
 cluster directory (`charts/digests.json`), and a later pull that differs is refused: a chart re-released under the
 same version never reaches the cluster unnoticed."""
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,10 +24,20 @@ from trainlift.render.helm import chart_archive, helm_pull_args
 DIGESTS_FILE = "charts/digests.json"
 
 
+OCI_DIGEST = re.compile(r"^Digest: (sha256:[0-9a-f]{64})$", re.MULTILINE)  # helm pkg/registry/client.go, Pull
+
+
 @dataclass(frozen=True)
 class PulledChart:
     path: str
-    digest: str  # sha256:<hex> of the archive
+    digest: str  # what the chart is pinned by: the manifest digest of an OCI chart, else the archive's sha256
+    archive_sha256: str = ""
+
+
+def manifest_digest(helm_output: str) -> str | None:
+    """The manifest digest `helm pull` prints for an OCI chart ("Digest: sha256:..."); None when it printed none."""
+    match = OCI_DIGEST.search(helm_output)
+    return match.group(1) if match else None
 
 
 def archive_path(root: str, release: dict[str, Any]) -> str:
@@ -53,7 +66,13 @@ def pull(release: dict[str, Any], root: str) -> PulledChart | str:
             return lines[-1] if lines else f"helm pull wrote no {chart_archive(release)}"
         target = archive_path(root, release)
         os.replace(pulled, target)
-        return PulledChart(target, sha256_of(target))
+        archive = sha256_of(target)
+        if release["repo"].startswith("oci://"):
+            # Helm prints an OCI chart's manifest digest as it pulls (since 3.8.0, trainlift's floor); were it
+            # missing, the archive's sha256 stands in, and matches no manifest digest pinned for it.
+            found = manifest_digest(result.stderr + "\n" + result.stdout)
+            return PulledChart(target, found or archive, archive)
+        return PulledChart(target, archive, archive)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

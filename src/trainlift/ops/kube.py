@@ -23,7 +23,7 @@ from trainlift.cloud.capacity import Unknown
 from trainlift.errors import UsageError
 from trainlift.ops.run import INSTALL, run
 from trainlift.render.eksctl import WORKER_GROUP_LABEL
-from trainlift.render.fit import cpu_m, mem_mib
+from trainlift.render.fit import EPHEMERAL, HUGEPAGES, cpu_m, mem_mib
 from trainlift.render.raycluster import EFA_RESOURCE, GPU_RESOURCE
 
 FIELD_MANAGER = "trainlift"
@@ -48,6 +48,8 @@ class Node:
     efa: int
     cpu_m: int = 0  # .status.allocatable; 0: not reported
     mem_mib: int = 0
+    hugepages_mib: int | None = None  # None: not reported
+    ephemeral_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ def parse_nodes(text: str) -> list[Node]:
             efa=_int(allocatable.get(EFA_RESOURCE)),
             cpu_m=cpu_m(allocatable["cpu"]) if "cpu" in allocatable else 0,
             mem_mib=mem_mib(allocatable["memory"]) if "memory" in allocatable else 0,
+            hugepages_mib=mem_mib(allocatable[HUGEPAGES]) if HUGEPAGES in allocatable else None,
+            ephemeral_mib=mem_mib(allocatable[EPHEMERAL]) if EPHEMERAL in allocatable else None,
         ))
     return nodes
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 
 from trainlift.cloud.aws import Aws, CredentialsError, check_region
+from trainlift.catalog.lookup import pinned_image
+from trainlift.cloud import ecr
 from trainlift.cloud.caller import public_cidr
 from trainlift.cloud.capacity import CapacityReport, Unknown, assess
 from trainlift.config.cluster import ClusterSpec
@@ -33,6 +35,7 @@ from trainlift.ops.preflight import TOOLS
 from trainlift.ops.run import run as run_command
 from trainlift.private_dir import private_dir
 from trainlift.render.eksctl import SYSTEM_GROUP, image_pulls, open_endpoint_note, with_caller_address
+from trainlift.render.cold_start import cold_start
 from trainlift.render.helm import digest_line, render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, with_account
 
@@ -191,6 +194,20 @@ def observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     return replace(seen, tools=tools_on_path(), unknown={**seen.unknown, **owner.pop("unknown")}, **owner)
 
 
+def upstream_image(spec: ClusterSpec) -> str:
+    """The image the pods run, as its own registry names it: a floating catalog tag as the release it stands for (an
+    ECR pull-through cache fetches it from there on the first pull, so it is the upstream that must have it)."""
+    return pinned_image(spec.image.uri) or spec.image.uri
+
+
+def observe_image(spec: ClusterSpec, seen: Observed) -> Observed:
+    """What the image's registry says about the image the pods will pull (cloud/ecr.py), before anything bills."""
+    found = ecr.check_image(upstream_image(spec))
+    if isinstance(found, Unknown):
+        return replace(seen, unknown={**seen.unknown, "image": found.reason})
+    return replace(seen, image=found)
+
+
 def _observe(spec: ClusterSpec, files: Files, aws: Aws) -> Observed:
     unknown: dict[str, str] = {}
     try:
@@ -251,7 +268,8 @@ def _render(spec: ClusterSpec, root: str, write: bool, reservations: dict | None
                        + [f"queue  {line}" for line in admissions(rendered)]
                        + [f"api    {open_endpoint_note(spec) or 'EKS API public endpoint: only from ' + cidrs}"]
                        + [f"chart  {digest_line(release)}" for release in render_helm_releases(spec)]
-                       + [f"pull   {line}" for line in image_pulls(spec).values()])
+                       + [f"pull   {line}" for line in image_pulls(spec).values()]
+                       + [f"wait   {line}" for line in cold_start(spec).lines()])
     for m in rendered:
         if m.kind == "RayCluster":
             digest = spec_hash(m.body)
@@ -310,6 +328,7 @@ def prepare(spec: ClusterSpec, root: str | None = None, write: bool = True, aws:
     seen = observe(spec, Files(root), aws)
     if not for_up:
         return Prepared(spec, seen, {}, {}, Files(root), [], aws)
+    seen = observe_image(spec, seen)
     if not spec.api_access_cidrs:  # only this machine reaches the API's public endpoint (api_access_cidrs)
         found = public_cidr()
         spec = with_caller_address(spec, found if isinstance(found, str) else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trainlift.cloud.ecr import ABSENT_HINT
 from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops import eksctl, kube, plan_kube
@@ -24,7 +25,7 @@ from trainlift.ops.run import display
 from trainlift.ops.steps import ABSENT, BUSY, Files, Observed, Op, Plan, Step, aws_wait, waiting_for_block
 from trainlift.ops.steps import run_op as _run
 from trainlift.ops.steps import wait_op as _wait
-from trainlift.render.eksctl import SYSTEM_GROUP
+from trainlift.render.eksctl import SYSTEM_GROUP, head_zones
 from trainlift.render.helm import render_helm_releases
 from trainlift.render.image_cache import CACHE_PREFIX, UPSTREAM, create_rule_argv
 
@@ -146,6 +147,19 @@ def _group_stack_first(spec: ClusterSpec, name: str, stack: StackInfo, key: str,
                 note="the stack is deleted first: eksctl skips a node group whose stack exists")
 
 
+def image_step(spec: ClusterSpec, seen: Observed) -> Step:
+    """The image every Ray pod pulls, asked of its registry before anything bills: a tag (or digest) it does not have
+    blocks `up` in one line that names the tags it does have."""
+    title, found = "container image", seen.image
+    if found is None:
+        return Step("image", title, seen.why("image"), "nothing",
+                    note="not confirmed in its registry: the pods pull it as written")
+    if found.found:
+        return Step("image", title, f"{found.image} exists" + (f" ({found.digest})" if found.digest else ""),
+                    "nothing")
+    return Step("image", title, "absent", "blocked", note=found.absent_line(), fix=ABSENT_HINT)
+
+
 def _image_cache_up(spec: ClusterSpec, seen: Observed) -> list[Step]:
     """`image.cache: ecr`: the region's pull-through cache rule, before any node pulls the image through it. It
     serves every cluster of the account and region, so `down` leaves it."""
@@ -172,7 +186,7 @@ def _image_cache_up(spec: ClusterSpec, seen: Observed) -> list[Step]:
 def _wants(spec: ClusterSpec, seen: Observed) -> list[GroupWant]:
     """Each group as it should be now: a group on a Capacity Block not yet active keeps 0 nodes (a launch before
     the block starts fails); the `up` after its start scales it to its count."""
-    system = GroupWant(SYSTEM_GROUP, spec.system.instance_type, spec.system.count, ())
+    system = GroupWant(SYSTEM_GROUP, spec.system.instance_type, spec.system.count, tuple(head_zones(spec)))
     return [system] + [GroupWant(w.name, w.instance_type, w.count if waiting_for_block(w, seen) is None else 0,
                                  tuple(w.availability_zones)) for w in spec.workers]
 
@@ -188,7 +202,7 @@ def _assumed(steps: list[Step], seen: Observed) -> list[Step]:
 
 def plan_up(spec: ClusterSpec, seen: Observed, placements: dict[str, Placement], files: Files,
             force: bool = False) -> Plan:
-    steps = [ownership_step(spec, seen, "up", force), _control_plane_up(spec, seen, files),
+    steps = [ownership_step(spec, seen, "up", force), image_step(spec, seen), _control_plane_up(spec, seen, files),
              cluster_settings_step(spec, seen, files)]
     steps += plan_kube.namespace_and_secrets(spec, seen, files)
     steps += _image_cache_up(spec, seen)

@@ -22,6 +22,7 @@ from trainlift.render import fit
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL
 from trainlift.render.fit import Amount
 from trainlift.ops.pins import crds_folder_charts
+from trainlift.render.cold_start import cold_start
 from trainlift.render.helm import chart_archive, helm_install_args
 from trainlift.render.network_policy import NETWORK_POLICY_PATH, POLICY_NAME
 from trainlift.render.queues import queue_object_path, queue_objects
@@ -181,10 +182,15 @@ def service_account_up(spec: ClusterSpec, seen: Observed, files: Files) -> list[
 def live_fit_problems(spec: ClusterSpec, nodes: tuple[kube.Node, ...] | list[kube.Node] | None) -> list[str]:
     """Render's scheduling check again, on the nodes' real allocatable where they have joined."""
     by_group: dict[str, list[tuple[str, Amount]]] = {}
+    groups = {fit.SYSTEM, *(w.name for w in spec.workers)}
     for n in nodes or ():
-        if n.cpu_m:
-            group = "system" if n.role == SYSTEM_LABELS["role"] else n.group
-            by_group.setdefault(group or "", []).append((n.name, Amount(n.cpu_m, n.mem_mib)))
+        group = "system" if n.role == SYSTEM_LABELS["role"] else n.group
+        if n.cpu_m and group in groups:
+            # A resource the node does not report is not judged: taken as render expects it.
+            expected = fit.node_allocatable(spec, group)
+            found = Amount(n.cpu_m, n.mem_mib, expected.hugepages_mib if n.hugepages_mib is None else n.hugepages_mib,
+                           expected.ephemeral_mib if n.ephemeral_mib is None else n.ephemeral_mib)
+            by_group.setdefault(group, []).append((n.name, found))
     return fit.live_fit_problems(spec, fit.placements(spec, raycluster_spec(spec)), by_group)
 
 
@@ -212,19 +218,24 @@ def raycluster_up(spec: ClusterSpec, seen: Observed, files: Files) -> Step:
 
 
 def waits_up(spec: ClusterSpec, seen: Observed, files: Files, replaced: bool) -> list[Step]:
+    """The head's and the workers' waits allow for the image's modelled first pull (render/cold_start.py)."""
     kc, ns, rc = files.kubeconfig, spec.namespace, seen.raycluster
+    start = cold_start(spec)
     head_argv = kube.kubectl(kc, "-n", ns, "wait", "pod", "-l", kube.ray_selector(spec.name, "head"),
-                             "--for=condition=Ready", "--timeout=600s")
+                             "--for=condition=Ready", f"--timeout={start.head_wait_s}s")
     known = rc is not None and not seen.absent and not replaced
     steps = [Step("wait/head", "Ray head pod Ready", "Ready" if known and rc.head_ready else "not Ready",
                   "nothing" if known and rc.head_ready else "wait",
-                  () if known and rc.head_ready else (_wait("head-ready", head_argv, 900),))]
+                  () if known and rc.head_ready else (_wait("head-ready", head_argv, start.head_wait_s),),
+                  note=f"up to {start.head_wait_s} s: {start.lines()[0]}")]
     expected = sum(w.count for w in spec.workers if waiting_for_block(w, seen) is None)
     running = rc.workers_running if known else 0
     worker_argv = kube.kubectl(kc, "-n", ns, "get", "pods", "-l", kube.ray_selector(spec.name, "worker"))
     steps.append(Step("wait/workers", f"{expected} Ray worker pods Running", f"{running} of {expected} Running",
                       "nothing" if running >= expected else "wait",
-                      () if running >= expected else (_wait(f"workers-running={expected}", worker_argv, 1800),)))
+                      () if running >= expected else (_wait(f"workers-running={expected}", worker_argv,
+                                                             start.workers_wait_s),),
+                      note=f"up to {start.workers_wait_s} s ({start.headroom:g}x the modelled pull + Ray's start)"))
     for w in spec.workers:
         if (blocked := waiting_for_block(w, seen)) is not None:
             steps.append(Step(f"wait/nodes/{w.name}", f"each {w.name} node advertises its GPUs", blocked, "nothing", ()))
@@ -251,6 +262,8 @@ def doctor_op(spec: ClusterSpec, files: Files) -> Op:
     # which refuses a laptop whose Ray or Python minor version differs from the image's.
     doctor = ["trainlift", "doctor", "--address", f"http://127.0.0.1:{FORWARDED_DASHBOARD_PORT}", "--expect-fabric",
               spec.fabric or "any"]
+    if spec.storage and spec.storage.s3:  # every node's pods' role on the run storage (doctor/storage.py)
+        doctor += ["--storage", spec.storage.s3.uri]
     return Op("doctor", tuple(doctor), background=tuple(forward), timeout_s=600)
 
 

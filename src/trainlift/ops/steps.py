@@ -7,6 +7,7 @@ from typing import Any
 
 from trainlift.cloud.eks_state import NodeGroupInfo, StackInfo
 from trainlift.cloud.capacity import Reservation
+from trainlift.cloud.ecr import ImageLookup
 from trainlift.config.cluster import ClusterSpec
 from trainlift.ops.kube import Node, RayState, Release
 from trainlift.ops.run import display
@@ -37,6 +38,7 @@ class Observed:
     # Helm release -> (the digest its archive must have, where that pin comes from); (None, "") when none yet
     chart_pins: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     cache_rule: str | None = None  # the ECR pull-through cache rule's upstream ("": none; None: not looked up)
+    image: ImageLookup | None = None  # what the image's registry said (None: not asked, or unknown: see `unknown`)
     tags: dict[str, str] | None = None  # the cluster's tags, or its stack's when only the stack exists
     cluster_arn: str = ""
     api_cidrs: tuple[str, ...] | None = None  # the control plane's publicAccessCidrs (None: no control plane seen)

@@ -78,13 +78,27 @@ def _worker_size(w: WorkerGroup, reservations: Reservations | None) -> dict[str,
 NO_POD_IMDS = {"disablePodIMDS": True}
 
 
+def head_zones(spec: ClusterSpec) -> list[str]:
+    """The AZs of the system group and the Ray head: the workers', so the head and every worker talk within them;
+    empty (any of the cluster's AZs) while a worker group is not pinned to an AZ (`cluster up` pins each to the AZ its
+    capacity check chose before it renders)."""
+    zones: list[str] = []
+    for w in spec.workers:
+        if not w.availability_zones:
+            return []
+        zones += [z for z in w.availability_zones if z not in zones]
+    return zones
+
+
 def _system_group(spec: ClusterSpec) -> dict[str, Any]:
     profile = catalog.lookup(spec.system.instance_type)
+    zones = head_zones(spec)
     return {
         "name": SYSTEM_GROUP,
         "instanceType": spec.system.instance_type,
         "amiFamily": spec.ami_family,
         **_sized(spec.system.count),
+        **({"availabilityZones": zones} if zones else {}),
         "privateNetworking": True,
         **_volume(spec, spec.system.volume_size_gb, profile),
         **NO_POD_IMDS,

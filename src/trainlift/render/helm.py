@@ -11,6 +11,7 @@ import yaml
 from trainlift import catalog
 from trainlift.catalog.lookup import load_data
 from trainlift.config.cluster import ClusterSpec
+from trainlift.render.cold_start import cold_start
 from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_ROLE
 from trainlift.render.queues import kuberay_values
 from trainlift.render.raycluster import toleration
@@ -86,22 +87,23 @@ def render_helm_releases(spec: ClusterSpec) -> list[dict[str, Any]]:
         # After KubeRay: Kueue's ray.io integrations (on in the chart's defaults) need the Ray CRDs.
         releases.append(_release(spec, "kueue", spec.versions.kueue, {
             "controllerManager": {"nodeSelector": dict(SYSTEM_LABELS)},
-            "managerConfig": {"controllerManagerConfigYaml": kueue_configuration()}}))
+            "managerConfig": {"controllerManagerConfigYaml": kueue_configuration(spec)}}))
     return releases
 
 
-def wait_for_pods_ready() -> dict[str, Any]:
+def wait_for_pods_ready(spec: ClusterSpec) -> dict[str, Any]:
     """Kueue evicts an admitted workload whose pods are not all Ready by then, giving its quota back; sized to the
-    image pull and Ray's start on nodes that exist (catalog/scheduling.yaml `pods_ready`)."""
+    image's modelled first pull on the slowest group, with headroom, and Ray's start on nodes that exist
+    (render/cold_start.py)."""
     ready = load_data("scheduling.yaml")["pods_ready"]
-    return {"timeout": f"{(ready['image_pull_s'] + ready['ray_start_s']) // 60}m",
+    return {"timeout": f"{cold_start(spec).pods_ready_timeout_m}m",
             "recoveryTimeout": f"{ready['recovery_s'] // 60}m",
             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600}}
 
 
-def kueue_configuration() -> str:
+def kueue_configuration(spec: ClusterSpec) -> str:
     """The chart's Configuration (catalog/kueue_config.yaml) with waitForPodsReady, as the one string it takes."""
-    config = {**load_data("kueue_config.yaml"), "waitForPodsReady": wait_for_pods_ready()}
+    config = {**load_data("kueue_config.yaml"), "waitForPodsReady": wait_for_pods_ready(spec)}
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
 
 
@@ -137,9 +139,14 @@ def helm_install_args(release: dict[str, Any], values_file: str, chart_file: str
 def install_commands(release: dict[str, Any], values_file: str) -> str:
     """The commands that install a rendered release by hand, its chart archive checked where a digest pins it."""
     archive = f"charts/{chart_archive(release)}"
-    lines = [shlex.join(helm_pull_args(release, "charts"))]
-    if release["digest"]:
-        lines.append(f"echo '{release['digest'].removeprefix('sha256:')}  {archive}' | sha256sum -c")
+    pull = shlex.join(helm_pull_args(release, "charts"))
+    if release["digest"] and release["repo"].startswith("oci://"):
+        # An OCI chart is pinned by its manifest digest, which Helm prints as it pulls.
+        lines = [f"{pull} 2>&1 | grep -Fx 'Digest: {release['digest']}'"]
+    elif release["digest"]:
+        lines = [pull, f"echo '{release['digest'].removeprefix('sha256:')}  {archive}' | sha256sum -c"]
+    else:
+        lines = [pull]
     lines.append(shlex.join(helm_install_args(release, values_file, archive)))
     return "\n".join(lines)
 
@@ -149,5 +156,7 @@ def digest_line(release: dict[str, Any]) -> str:
     what = f"{release['name']} {release['version']}"
     if release["digest"]:
         return f"{what} pinned by digest {release['digest']} ({release['digestFrom']})"
-    return (f"{what} pinned by version only: trainlift knows no digest for it; `cluster up` records the digest it "
-            "first pulls and refuses another (versions.chart_digests pins one)")
+    looked = catalog.chart(release["name"]).digest_source
+    where = f" (looked up: {looked.split(':')[0]})" if looked else ""
+    return (f"{what} pinned by version only: trainlift knows no digest for it{where}; `cluster up` records the "
+            "digest it first pulls and refuses another (versions.chart_digests pins one)")

@@ -12,7 +12,7 @@ from trainlift.doctor.nccl_log import NCCL_DEBUG_ENV
 from trainlift.train.model.fetch import STAGING_ENV
 from trainlift.render import fit, stop_hooks
 from trainlift.render.image_cache import UPSTREAM, cached_uri
-from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE
+from trainlift.render.eksctl import SYSTEM_LABELS, WORKER_GROUP_LABEL, WORKER_ROLE, head_zones
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -20,6 +20,7 @@ HUGEPAGES_RESOURCE = "hugepages-2Mi"
 EPHEMERAL_RESOURCE = "ephemeral-storage"
 POD_INTERFACE = "eth0"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainlift"}
+ZONE_LABEL = "topology.kubernetes.io/zone"  # the well-known label kubelet sets from the node's AZ
 
 # Share of an instance left to the kubelet, system daemons (VPC CNI, kube-proxy,
 # device plugins) and, on the system nodes, the KubeRay operator and CoreDNS.
@@ -228,6 +229,7 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
             "spec": {
                 "terminationGracePeriodSeconds": stop_hooks.grace_period_s(stop_wait_seconds(spec)),
                 "nodeSelector": dict(SYSTEM_LABELS),
+                **head_affinity(spec),
                 **service_account(spec),
                 **NO_API_TOKEN,
                 "containers": [container],
@@ -235,6 +237,16 @@ def head_group(spec: ClusterSpec) -> dict[str, Any]:
             },
         },
     }
+
+
+def head_affinity(spec: ClusterSpec) -> dict[str, Any]:
+    """The head on a node in the workers' AZs (render.eksctl.head_zones), not across an AZ boundary from them."""
+    zones = head_zones(spec)
+    if not zones:
+        return {}
+    term = {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": zones}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}}
 
 
 def toleration(t: Taint) -> dict[str, str]:
