@@ -8,20 +8,22 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import MethodType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from trainlift.train.model import fetch, kernels, weights
+
+if TYPE_CHECKING:  # transformers and FSDP2 are imported by the functions that use them
+    from transformers import PretrainedConfig
 
 
 def build_config(config: dict[str, Any] | str, tokenizer=None) -> PretrainedConfig:
     """An HF config from a dict (with model_type) or a config.json path; vocab from the tokenizer if unset."""
+    from transformers import AutoConfig
+
     if isinstance(config, str):
         config = json.loads(Path(config).read_text())
     config = dict(config)
@@ -40,8 +42,12 @@ def materialize(path: str, config: dict[str, Any] | str, tokenizer_path: str, se
     out = Path(path)
     if (out / "config.json").exists():
         return False
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     model = random_model(config, tokenizer, seed)
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into trainlift's progress lines
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return True
@@ -49,6 +55,8 @@ def materialize(path: str, config: dict[str, Any] | str, tokenizer_path: str, se
 
 def load_model(model_spec, seed: int) -> torch.nn.Module:
     """The whole model in fp32 on the CPU, unsharded (the training recipe uses `weights` instead)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if model_spec.path is not None:
         return AutoModelForCausalLM.from_pretrained(model_spec.path, dtype=torch.float32)
     return random_model(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer), seed)
@@ -56,6 +64,8 @@ def load_model(model_spec, seed: int) -> torch.nn.Module:
 
 def random_model(config: dict[str, Any] | str, tokenizer, seed: int) -> torch.nn.Module:
     """The whole model from `config`, initialised as transformers does under `seed`."""
+    from transformers import AutoModelForCausalLM
+
     with weights.cpu_seeded(seed):
         return AutoModelForCausalLM.from_config(build_config(config, tokenizer))
 
@@ -63,6 +73,8 @@ def random_model(config: dict[str, Any] | str, tokenizer, seed: int) -> torch.nn
 def sharded_config(model_spec) -> PretrainedConfig:
     """The model's config, from `path` (a local directory, hub id or s3:// prefix: fetched once per node) or built
     from `config`."""
+    from transformers import AutoTokenizer
+
     if model_spec.path is not None:
         return weights.config_of(str(fetch.model_dir(model_spec.path, revision=model_spec.revision)))
     return build_config(model_spec.config, AutoTokenizer.from_pretrained(model_spec.tokenizer))
@@ -105,6 +117,8 @@ def fill_weights(model: torch.nn.Module, model_spec, seed: int, device: torch.de
 def load_tokenizer(model_spec):
     """From `tokenizer`, else `path`: a local directory, or this node's cache of a hub id or s3:// prefix (the
     tokenizer files alone where the weights are not there)."""
+    from transformers import AutoTokenizer
+
     revision = None if model_spec.tokenizer else model_spec.revision  # a tokenizer of its own is not pinned
     return AutoTokenizer.from_pretrained(str(fetch.model_dir(model_spec.tokenizer or model_spec.path, weights=False,
                                                               revision=revision)))
@@ -124,6 +138,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def device_mesh(device: torch.device, mesh_shape: tuple[int, int] | None = None):
     """A 1-D mesh over every worker (plain FSDP) or, for (replicate, shard) with replicate > 1, the 2-D mesh of
     HSDP: dim 0 replicates, dim 1 shards (consecutive ranks form a shard group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     replicate, shard = mesh_shape or (1, dist.get_world_size())
     if replicate == 1:
         return init_device_mesh(device.type, (shard,))
@@ -219,6 +235,8 @@ def apply_fsdp(model: torch.nn.Module, device: torch.device, bf16: bool,
     """Checkpoint and compile the decoder layers as asked (True: every layer, keeping its inputs), shard each,
     then the root, over `device_mesh(device, mesh_shape)`, and leave the model in train mode. bf16 compute with
     fp32 gradient reduction on GPU. `fully_shard` moves one layer at a time to the mesh's device (none on meta)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     # from_pretrained returns eval mode, and dropout applies only in train mode.
     model.train()
     if isinstance(activation_checkpointing, bool):

@@ -19,16 +19,14 @@ import contextlib
 import functools
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader
-from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from trainlift.errors import SpecError
-from trainlift.train.model import keymap
+
+if TYPE_CHECKING:  # transformers, DCP and the safetensors key mapping are imported by the functions that use them
+    from transformers import PretrainedConfig
 
 CheckpointKey = Callable[[str], str | None]  # a model's parameter name -> its name in the base model, or None
 
@@ -39,11 +37,15 @@ def same_key(name: str) -> str:
 
 def empty_model(config: PretrainedConfig, attn_implementation: str | None = None) -> torch.nn.Module:
     """The model's structure on the meta device: parameters have shapes and dtypes but no storage."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
 def config_of(model_path: str) -> PretrainedConfig:
+    from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(model_path)
 
 
@@ -94,6 +96,8 @@ def zero_parameters(model: torch.nn.Module) -> torch.nn.Module:
     """Zeros in this rank's shard of every parameter, for a model a checkpoint fills: DCP first sets up the
     optimizer's state with a step on the parameters, and on what `to_empty` left there (NaNs, denormals) that
     step is slow on a CPU (2.6 s against 1.1 s for a 106M-parameter Llama; zeroing takes 0.2 s)."""
+    from torch.distributed.tensor import DTensor
+
     for param in model.parameters():
         (param.to_local() if isinstance(param, DTensor) else param).zero_()
     return model
@@ -121,6 +125,10 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_k
     keys it maps to None (adapters) are not looked for. The files' keys are matched to the base model's by
     transformers' conversion mapping (`keymap`): renamed keys are read slice by slice, and each fused parameter
     (MoE experts) is built whole from its source tensors, one at a time, of which each rank keeps its shard."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainlift.train.model import keymap
+
     model_dir = Path(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise SpecError(f"model.path: {model_dir}: no *.safetensors files to load the model from",
@@ -136,22 +144,32 @@ def load_safetensors(model: torch.nn.Module, model_dir: str | Path, checkpoint_k
                         hint="model.path must hold weights saved for this model's architecture")
     renamed = {plan.renamed[key]: tensor for key, tensor in wanted.items() if key in plan.renamed}
     if renamed:
-        dcp.load(renamed, storage_reader=HeadersReadOnce(str(model_dir)))
+        dcp.load(renamed, storage_reader=headers_read_once(str(model_dir)))
     for built in plan.converted_tensors(wanted):
         for key, full in built.items():
             if key in wanted:
                 copy_shard(wanted[key], full)
 
 
-class HeadersReadOnce(HuggingFaceStorageReader):
-    """Reads every safetensors file's header once, however often `dcp.load` asks for the metadata."""
+def headers_read_once(model_dir: str):
+    """torch's `HuggingFaceStorageReader` reading every safetensors file's header once, however often `dcp.load`
+    asks for the metadata."""
+    return _headers_read_once_class()(model_dir)
 
-    @functools.cached_property
-    def _metadata(self):
-        return super().read_metadata()
 
-    def read_metadata(self, *args, **kwargs):
-        return self._metadata
+@functools.cache
+def _headers_read_once_class():
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    class HeadersReadOnce(HuggingFaceStorageReader):
+        @functools.cached_property
+        def _metadata(self):
+            return super().read_metadata()
+
+        def read_metadata(self, *args, **kwargs):
+            return self._metadata
+
+    return HeadersReadOnce
 
 
 @torch.no_grad()
@@ -197,6 +215,8 @@ def _init_module_by_module(model: torch.nn.Module, checkpoint_key: CheckpointKey
 
 def copy_shard(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy this rank's part of `full` into `param` (a DTensor shard, or a plain tensor)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     if isinstance(param, DTensor):
         local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
         param.to_local().copy_(local)
