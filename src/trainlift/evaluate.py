@@ -76,6 +76,7 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
     hf_logging.disable_progress_bar()  # its "Loading weights" bar would sit between trainlift's own lines
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
     triples = [_prompt_and_answer(r, tokenizer) for r in rows]
+    tasks = [task_of(r) for r in rows]
     samples = []
     for start in range(0, len(triples), batch_size):
         chunk = triples[start:start + batch_size]
@@ -85,9 +86,27 @@ def exact_match(model_dir: str, data_file: str, limit: int = 200, max_new_tokens
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
         answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        for (_, prompt, expected), answer in zip(chunk, answers):
+        for (_, prompt, expected), answer, task in zip(chunk, answers, tasks[start:start + batch_size]):
             answer = answer.strip()
-            samples.append({"prompt": prompt, "expected": expected, "answer": answer, "correct": answer == expected.strip()})
+            sample = {"prompt": prompt, "expected": expected, "answer": answer, "correct": answer == expected.strip()}
+            samples.append({**sample, "task": task} if task is not None else sample)
     correct = sum(s["correct"] for s in samples)
-    return {"model": model_dir, "total": len(samples), "correct": correct,
-            "accuracy": correct / len(samples) if samples else 0.0, "samples": samples}
+    report = {"model": model_dir, "total": len(samples), "correct": correct,
+              "accuracy": correct / len(samples) if samples else 0.0, "samples": samples}
+    return {**report, "by_task": by_task(samples)} if any(t is not None for t in tasks) else report
+
+
+TASK_FIELDS = ("task", "category")  # a row's label for the per-task breakdown, the first one present
+
+
+def task_of(row: dict) -> str | None:
+    return next((str(row[k]) for k in TASK_FIELDS if row.get(k) is not None), None)
+
+
+def by_task(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{task: {total, correct, accuracy}} in name order; rows without a label count under "(none)"."""
+    counts: dict[str, list[int]] = {}
+    for sample in samples:
+        counts.setdefault(sample.get("task", "(none)"), []).append(int(sample["correct"]))
+    return {task: {"total": len(hits), "correct": sum(hits), "accuracy": sum(hits) / len(hits)}
+            for task, hits in sorted(counts.items())}

@@ -25,6 +25,26 @@ from trainlift.private_dir import TMPDIR_FIX, private_dir, user_temp_dir
 
 STAGING_ENV = "TRAINLIFT_STAGING_DIR"
 MARKER = ".trainlift-complete"
+HUB_PROBE_TIMEOUT_S = 2.0  # a connection to the hub's host; the hub client's own retries take ~40 s offline
+
+
+def hub_offline_reason(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the Hugging Face hub cannot be asked now (HF_HUB_OFFLINE set, or its host not reachable within
+    `timeout_s`), or None when it answers a TCP connection. Honours HF_ENDPOINT, as the hub client does."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlsplit(constants.ENDPOINT)
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{host}:{port} is not reachable ({exc.strerror or type(exc).__name__})"
+    return None
 
 
 def node_cache(kind: str, env: str) -> Path:

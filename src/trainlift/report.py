@@ -144,7 +144,7 @@ def _cell(value: Any, fmt: str) -> str:
 def table_values(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> dict[str, Any]:
     """summary.json describes the last attempt; the eval before the first step and a DPO run's last step's rewards
     come from the rows, and the checkpoint resumed from is named relative to the run."""
-    values = dict(summary or {})
+    values = with_recorded_eval(summary or {}, rows)
     if values.get("initial_eval_loss") is None:
         values["initial_eval_loss"] = next((r["eval_loss"] for r in eval_rows(rows) if r["step"] == 0), None)
     if values.get("resumed_from"):
@@ -153,6 +153,21 @@ def table_values(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> 
     for name in ("accuracy", "margin"):
         if last_step.get(f"rewards/{name}") is not None:
             values[f"final_rewards/{name}"] = last_step[f"rewards/{name}"]
+    return values
+
+
+def with_recorded_eval(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stopped run's summary with the last evaluation metrics.jsonl recorded as its eval_loss (and a DPO run's eval
+    rewards) when it has none of its own: a run stopped (Ctrl-C) before its next evaluation, or resumed and stopped
+    again, evaluated all the same. `eval_step` says which step that evaluation was of."""
+    values = dict(summary)
+    if values.get("eval_loss") is not None or values.get("finished"):
+        return values
+    recorded = [r for r in eval_rows(rows) if r.get("step", 0) > 0]  # the one before the first step is initial_eval_loss
+    if not recorded:
+        return values
+    last = recorded[-1]
+    values.update({k: v for k, v in last.items() if k.startswith("eval_")}, eval_step=last.get("step"))
     return values
 
 

@@ -71,6 +71,7 @@ def test_stop_resume_with_the_printed_command_then_a_rerun_leaves_the_finished_r
     again = run([str(BIN / "trainlift"), "train", "job.yaml"], project)
     assert again.returncode == 0, again.stderr
     assert "already finished at step 4" in again.stderr and "--steps" in again.stderr
+    assert "train.schedule_extension" in " ".join(again.stderr.split())
     changed = run([str(BIN / "trainlift"), "train", "job.yaml", "--set", "train.lr=0.01", "--steps", "6"], project)
     assert changed.returncode == 2 and changed.stderr.strip().splitlines()[0].startswith(
         "error: run firstday was started with another spec: train.lr 0.0003 → 0.01 (train it with the spec it "

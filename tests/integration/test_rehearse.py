@@ -105,9 +105,14 @@ def test_the_reference_job_rehearses_as_the_readme_shows(monkeypatch, tmp_path, 
     assert {"scaling.workers=2", "scaling.device=cpu", "scaling.cpus_per_worker=1"} <= set(outcome["rehearsed_as"])
     where = outcome["environment"]
     assert where["image"] and where["image_python"] == "3.13.12" and "deepspeed" in where["left_out"]
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ray-train/qwen2.5-1.5b-tasks/")["Contents"]}
-    assert "ray-train/qwen2.5-1.5b-tasks/summary.json" in keys and any("/checkpoint_00000004/" in k for k in keys)
-    assert "ray-train/qwen2.5-1.5b-tasks/final/config.json" in keys
+    # The rehearsal's run is its own: the job's run.name, which the real job will use, holds nothing.
+    run = "ray-train/qwen2.5-1.5b-tasks-rehearsal"
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}/")["Contents"]}
+    assert f"{run}/summary.json" in keys and any("/checkpoint_00000004/" in k for k in keys)
+    assert f"{run}/final/config.json" in keys
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="ray-train/qwen2.5-1.5b-tasks/").get("KeyCount") == 0
+    assert outcome["run"]["uri"] == f"s3://{BUCKET}/{run}" and outcome["run"]["steps"] == 4
+    assert outcome["run"]["line"].startswith(f"rehearsal run: s3://{BUCKET}/{run}: 4 steps, loss ")
     # Every S3 request of the job and its Ray, recorded at the server, is one the rendered role allows.
     [role] = [c for c in outcome["checks"] if c["check"].startswith("the pods' S3 role allows all")]
     requests = outcome["s3_requests"]

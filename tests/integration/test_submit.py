@@ -93,12 +93,21 @@ def test_submit_follows_to_success_and_jobs_commands_show_it(home, head, project
     assert job_id in [row["id"] for row in listed]
     status = json.loads(cli(home, "jobs", "status", job_id, "--json").stdout)
     assert status["status"] == "SUCCEEDED"
-    logs = cli(home, "jobs", "logs", job_id).stdout
+    logs = cli(home, "jobs", "logs", job_id, "--raw").stdout
     assert "trainlift-progress" in logs and '"step": 6' in logs
     # Byte for byte: the progress lines are far over 80 characters and each still parses whole.
     progress_lines = [line for line in logs.splitlines() if line.startswith("trainlift-progress ")]
     assert max(map(len, progress_lines)) > 100 and all(jobs_rows(line) for line in progress_lines)
     assert logs == client_logs(head, job_id)
+    # As a person reads it: a local run's progress lines, not Ray's lines or the machine's json; any unique prefix
+    # of the id names the job.
+    readable = cli(home, "jobs", "logs", job_id[:-3])
+    assert readable.returncode == 0, readable.stderr
+    shown = readable.stdout.splitlines()
+    assert [line for line in shown if line.startswith("step ")][-1].startswith("step 6/6  loss ")
+    assert not [line for line in shown if "trainlift-progress" in line or line.startswith(("(autoscaler)", "(raylet)"))]
+    assert json.loads(cli(home, "jobs", "logs", job_id, "--json").stdout)["log"] == logs
+    assert job_id in cli(home, "jobs", "list").stdout  # whole, off a terminal
     assert "not uploading credential file .env" in result.stderr
     job_info = json.dumps(json.loads(cli(home, "jobs", "status", job_id, "--json").stdout))
     metrics = (project / "runs" / "sub" / "metrics.jsonl").read_text()

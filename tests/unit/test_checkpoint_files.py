@@ -98,5 +98,5 @@ def test_a_run_whose_model_path_is_gone_is_checked_against_its_checkpoints_model
     saved.mkdir(parents=True)
     (saved / checkpoint.MODEL_CONFIG).write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 32}))
     (saved / checkpoint.MARKER).write_text("{}")
-    with pytest.raises(UsageError, match=r"data.seq_len: 64 is above the model's maximum of 32 positions"):
+    with pytest.raises(UsageError, match=r"data.seq_len: 64 is above the 32 positions of the model stored in run "):
         preflight.check(spec)

@@ -4,7 +4,10 @@ Every shell code block (```bash, ```sh, ```shell or a bare ```) with a line star
 here, each such line through the real CLI in this process (typer's CliRunner), or preceded by an HTML comment
 `<!-- not run: REASON -->`: it needs AWS, a cluster, a GPU or a Ray head, trains (the integration tests train),
 or is a synopsis. A block with neither fails. A line's trailing comment may document another exit code
-(`# exit 1: does not fit`, `# exits 0, or 1 when …`); otherwise it must exit 0.
+(`# exit 1: does not fit`, `# exits 0, or 1 when …`); otherwise it must exit 0. A block preceded by
+`<!-- run as a script: REASON -->` (a recipe whose lines depend on each other: a server started, variables exported,
+a command's output used) is run whole with bash, as a user pastes it into a shell with the virtualenv active, and
+must exit 0: tests/integration/test_doc_scripts.py runs them (a script starts Ray).
 
 The lines run from a copy of the repository root: the examples, and beside them a finished run at
 runs/tiny-demo written without training (its metrics, its summary and a tiny randomly initialized model with the
@@ -36,6 +39,10 @@ README_MAX_LINES = 150
 SHELL = {"", "bash", "sh", "shell"}
 FENCE = re.compile(r"^\s*```\s*(\S*)")
 NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(\S.*?)\s*-->\s*$")
+SCRIPT = re.compile(r"^\s*<!--\s*run as a script:\s*(\S.*?)\s*-->\s*$")
+# What a script block's output must say, beyond its exit code (page: text).
+SCRIPT_SAYS = {"docs/rehearse.md": "rehearsal run: s3://my-trainlift-checkpoints/ray-train/qwen2.5-1.5b-tasks-rehearsal: "
+                                   "4 steps, loss "}
 PLACEHOLDER = re.compile(r"\.\.\.|…|<[^<>\s]+>|\[--?\w")  # ..., <NAME>, [--option]: a synopsis
 EXIT = re.compile(r"\s#.*?\bexits? (\d+)(?:,? or (\d+))?")
 
@@ -46,6 +53,7 @@ class Block:
     lang: str
     lines: list[str]
     not_run: str | None  # the reason of a `<!-- not run: ... -->` right above the block
+    script: str | None = None  # the reason of a `<!-- run as a script: ... -->` right above the block
 
     def commands(self) -> list[str]:
         """The block's `trainlift …` lines, continued lines joined."""
@@ -63,9 +71,9 @@ def blocks(path: Path) -> list[Block]:
             continue
         end = next((j for j in range(i + 1, len(lines)) if re.match(r"^\s*```\s*$", lines[j])), len(lines))
         above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        reason = NOT_RUN.match(above)
+        reason, script = NOT_RUN.match(above), SCRIPT.match(above)
         found.append(Block(f"{path.relative_to(ROOT)}:{i + 1}", opening.group(1).lower(), lines[i + 1:end],
-                           reason.group(1) if reason else None))
+                           reason.group(1) if reason else None, script.group(1) if script else None))
         i = end + 1
     return found
 
@@ -74,7 +82,9 @@ def shell_blocks() -> list[Block]:
     return [b for path in doc_files() for b in blocks(path) if b.lang in SHELL and b.commands()]
 
 
-RUN = [(b.where, command) for b in shell_blocks() if b.not_run is None for command in b.commands()]
+RUN = [(b.where, command) for b in shell_blocks() if b.not_run is None and b.script is None
+       for command in b.commands()]
+SCRIPTS = [b for b in shell_blocks() if b.script is not None]
 
 
 def expected_exit(command: str) -> set[int]:
@@ -85,6 +95,7 @@ def expected_exit(command: str) -> set[int]:
 def test_every_block_of_trainlift_commands_is_run_or_says_why_not():
     unrunnable = [f"{b.where}: {c}" for b in shell_blocks() if b.not_run is None for c in b.commands()
                   if PLACEHOLDER.search(" ".join(shlex.split(c, comments=True)))]
+    assert all(b.script for b in SCRIPTS) and all(not (b.script and b.not_run) for b in shell_blocks())
     assert unrunnable == [], ("these lines hold placeholders, so they cannot run as written: make them real "
                               "commands, or put `<!-- not run: REASON -->` right above their block\n"
                               + "\n".join(unrunnable))

@@ -201,6 +201,9 @@ def test_the_latest_evaluation_rides_with_the_steps_after_it_in_lines_and_json()
     log.stepped(2, result, 1e-3, 0.1, last=True)
     log.evaluated(2, 0.3, {})
     log.stepped(3, result, 1e-3, 0.1, last=True)
+    # An evaluation of the step last posted posts that step again with it (the final one's line shows it).
+    assert [(r["step"], r.get("eval_step")) for r in posted] == [(1, None), (1, 1), (2, 1), (2, 2), (3, 2)]
+    posted = posted[0:1] + posted[2:3] + posted[4:]  # the steps as they were posted after each evaluation
     assert "eval_loss" not in posted[0]
     assert (posted[1]["eval_step"], posted[1]["eval_loss"], posted[1]["eval_rewards/accuracy"]) == (1, 0.41234, 0.95)
     assert (posted[2]["eval_step"], posted[2]["eval_loss"]) == (2, 0.3) and "eval_rewards/accuracy" not in posted[2]

@@ -44,6 +44,7 @@ def test_the_entrypoint_is_the_rayjobs_with_the_probe_first_then_the_cpu_slots_t
     assert probe.startswith("python -c") and rest.startswith(plan.entrypoint)
     assert rest.endswith("--set scaling.workers=2 --set scaling.device=cpu --set scaling.cpus_per_worker=1 "
                          "--set scaling.expect_fabric=any --set model.attn_implementation=auto "
+                         "--set run.name=qwen2-5-1-5b-sft-rehearsal "  # a run of its own, never the job's
                          "--set model.path=s3://b/tiny --set scaling.cpus_per_worker=2")  # the user's, last, win
 
 
@@ -51,14 +52,15 @@ def test_a_gpu_job_is_rehearsed_as_a_cpu_job_and_says_so():
     plan = rehearsal_of(GOLDEN)  # 4 GPUs per worker pod, each a CPU slot
     assert plan.rehearsed_as == ON_CPU_SLOTS
     assert rehearsed_as(plan, 2) == ("scaling.workers=2", "scaling.device=cpu", "scaling.cpus_per_worker=1",
-                                     "scaling.expect_fabric=any", "model.attn_implementation=auto")
+                                     "scaling.expect_fabric=any", "model.attn_implementation=auto",
+                                     "run.name=qwen2-5-1-5b-sft-rehearsal")
     # What the overrides set must be what the job spec accepts.
     spec = load_job_spec(EXAMPLES / "qwen2.5-1.5b-eks.yaml", list(rehearsed_as(plan, 2)))
     assert (spec.scaling.device, spec.scaling.cpus_per_worker, spec.scaling.workers) == ("cpu", 1, 2)
     assert spec.model.attn_implementation == "auto" and spec.scaling.expect_fabric == "any"
     outcome = Outcome("SUCCEEDED", "", "", [], rehearsed_as(plan, 2))
     assert outcome.to_dict()["rehearsed_as"][:2] == ["scaling.workers=2", "scaling.device=cpu"]
-    assert job_entrypoint(replace(plan, rehearsed_as=()), [], 2).endswith("--set scaling.workers=2")
+    assert job_entrypoint(replace(plan, rehearsed_as=(), run=None), [], 2).endswith("--set scaling.workers=2")
 
 
 def test_a_failure_is_evidenced_by_a_short_tail_never_a_whole_traceback():

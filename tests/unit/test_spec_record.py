@@ -104,7 +104,7 @@ def test_what_is_recorded_leaves_out_what_may_change():
     assert fields["data.train"] == "sha256:abc"
     assert {"train.lr", "train.min_lr_ratio", "train.weight_decay", "train.seed", "data.seq_len",
             "model.config.hidden_size", "train.warmup_steps"} <= set(fields)
-    assert "model.path" not in fields  # built from model.config: the path is only where it is saved
+    assert fields["model.path"] in (spec_record.TO_BUILD, spec_record.local_identity(job.model.path))
     assert not [f for f in fields if f.split(".")[0] in ("run", "scaling", "parallel", "checkpoint", "export",
                                                           "runtime")]
     assert not {"train.steps", "train.eval_every", "data.eval", "data.eval_examples", "train.micro_batch_size",
@@ -149,3 +149,53 @@ def test_a_local_model_deleted_after_its_checkpoint_is_not_compared_and_stays_re
     assert now["model.path"] == spec_record.GONE and spec_record.changed_fields(fields, now) == []
     spec_record.write(job, now)
     assert spec_record.read(job)["model.path"] == fields["model.path"]
+
+
+def test_a_model_built_from_model_config_is_recorded_and_another_model_there_is_refused(tmp_path, no_ray):
+    """The DPO example's old advice: the same run, model.path pointed at the SFT export, model.config kept. The
+    record holds what the built model is, so the other model is refused instead of silently resuming."""
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path, "train.steps=20"))
+    job = spec(tmp_path)
+    assert spec_record.read(job)["model.path"] == spec_record.local_identity(str(tmp_path / "model"))
+    Path(job.run_uri, "summary.json").write_text(json.dumps({"finished": True, "steps": 20}))
+    export = tmp_path / "export"
+    shutil.copytree(tmp_path / "model", export)
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\1" * 8)  # fine-tuned: the same names and sizes
+    with pytest.raises(UsageError) as caught:
+        launch.run_training(spec(tmp_path, "train.steps=40", f"model.path={export}"))
+    assert caught.value.message == "run remembered was started with another spec: model.path (what it holds changed)"
+    with pytest.raises(RayWouldStart):  # the model it was built with trains on
+        launch.run_training(spec(tmp_path, "train.steps=40"))
+
+
+def test_large_weight_files_are_known_by_blocks_spread_over_them(tmp_path, monkeypatch):
+    """A base model and its fine-tuned export have the same file names and sizes."""
+    monkeypatch.setattr(spec_record, "SMALL_FILE_BYTES", 1024)
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    for model in (base, tuned):
+        model.mkdir()
+        (model / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    middle = bytearray((tuned / "model.safetensors").read_bytes())
+    middle[len(middle) // 2] ^= 0xFF
+    (tuned / "model.safetensors").write_bytes(bytes(middle))
+    assert spec_record.local_identity(str(base)) != spec_record.local_identity(str(tuned))
+    assert spec_record.local_identity(str(base)).startswith("directory sampled-sha256:")
+
+
+def test_an_identity_recorded_before_sampled_weights_is_not_compared():
+    """A run recorded by an older trainlift resumes: its model identity was taken another way."""
+    legacy = {"model.path": "directory sha256:" + "0" * 64, "train.lr": 0.1}
+    now = {"model.path": "directory sampled-sha256:" + "1" * 64, "train.lr": 0.1}
+    assert spec_record.changed_fields(legacy, now) == []
+    assert spec_record.changed_fields({**legacy, "model.path": "directory sampled-sha256:" + "2" * 64}, now) == [
+        "model.path (what it holds changed)"]
+
+
+def test_a_record_from_before_model_path_was_recorded_with_model_config_still_resumes(tmp_path, no_ray):
+    job = finished_run(tmp_path)
+    fields = spec_record.read(job)
+    spec_record.write(job, {k: v for k, v in fields.items() if k != "model.path"})
+    with pytest.raises(RayWouldStart):
+        launch.run_training(spec(tmp_path, "train.steps=40"))

@@ -164,18 +164,7 @@ def print_estimate(result) -> None:
     if w.grad_accum == 1:
         console.print("  (gradients grow while activations are freed: the total counts the larger of the two)",
                       highlight=False)
-    if result.timing:
-        t = result.timing
-        console.print(f"time   {t.hardware_flops_per_token / 1e9:.2f} GFLOPs/token executed at {d['hfu']:.0%} HFU "
-                      f"({d['hfu_basis']}), {t.flops_per_token / 1e9:.2f} of them model FLOPs: {d['mfu']:.0%} MFU; "
-                      f"step {t.step_s:.2f} s (compute {t.compute_s:.2f} s, FSDP collectives {t.comm_s:.2f} s); "
-                      f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {result.job.train.steps} steps: "
-                      f"{result.hours:.2f} h", highlight=False)
-        if result.reference_s is not None:
-            console.print(f"       DPO's reference pass, once at the start: {_took(result.reference_s)} (a forward of "
-                          "the preference data, as many tokens as the steps train on; counted in the hours above). "
-                          "It holds no second model: LoRA scores with the adapters off, a full fine-tune before its "
-                          "first step", highlight=False)
+    _print_time(result, d, w)
     if result.job.checkpoint.every_steps:
         where_staged = (f"of the {d['staging_gib']:,.0f} GiB staging volume" if d["staging_gib"] is not None
                         else "in the staging directory")
@@ -196,6 +185,26 @@ def print_estimate(result) -> None:
         mark = "fits" if advice.fits else "still does not fit"
         cost = f", ${advice.usd_per_hour * advice.hours:,.2f}" if advice.hours and advice.usd_per_hour else ""
         console.print(f"  try  {advice.change}: {advice.per_gpu_bytes / GIB:.1f} GiB, {mark}{cost}", highlight=False)
+
+
+def _print_time(result, d: dict, w) -> None:
+    """The time line: the step's FLOPs at the assumed HFU on a GPU; on CPU workers, why there is none."""
+    if result.timing:
+        t = result.timing
+        console.print(f"time   {t.hardware_flops_per_token / 1e9:.2f} GFLOPs/token executed at {d['hfu']:.0%} HFU "
+                      f"({d['hfu_basis']}), {t.flops_per_token / 1e9:.2f} of them model FLOPs: {d['mfu']:.0%} MFU; "
+                      f"step {t.step_s:.2f} s (compute {t.compute_s:.2f} s, FSDP collectives {t.comm_s:.2f} s); "
+                      f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {result.job.train.steps} steps: "
+                      f"{result.hours:.2f} h", highlight=False)
+        if result.reference_s is not None:
+            console.print(f"       DPO's reference pass, once at the start: {_took(result.reference_s)} (a forward of "
+                          "the preference data, as many tokens as the steps train on; counted in the hours above). "
+                          "It holds no second model: LoRA scores with the adapters off, a full fine-tune before its "
+                          "first step", highlight=False)
+    elif not w.gpu:
+        console.print("time   not estimated for CPU workers: the time model is FLOPs at a GPU's measured utilisation, "
+                      "which a CPU does not have; `trainlift train` prints tokens/s and an ETA from its first steps",
+                      highlight=False)
 
 
 def check_fits_cluster(job, spec_file: Path, cluster_file: Path, force: bool, json_out: bool) -> None:

@@ -36,6 +36,8 @@ def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submi
     from trainlift.ops.ray_output import is_ray_line
 
     first_step_at: list[float] = []
+    if not console.is_terminal and not quiet and not verbose:
+        return _follow_lines(job_client, job_id, submitted_at)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console, disable=quiet) as progress:
         task = progress.add_task(job_id, total=total_steps, info="waiting for the first step…")
@@ -55,6 +57,32 @@ def _follow(job_client, job_id: str, total_steps: int | None, quiet: bool, submi
 
         status = jobs.follow(job_client, job_id, on_line)
     return status, (first_step_at[0] - submitted_at) if first_step_at else None
+
+
+def _follow_lines(job_client, job_id: str, submitted_at: float) -> tuple[str, float | None]:
+    """Off a terminal: the job's log as `trainlift train` prints it there (progress lines, trainlift's own lines),
+    whole lines, never cut to a width."""
+    from trainlift.cli.progress import JobLogLines
+    from trainlift.ops import jobs
+    from trainlift.ops.ray_output import is_ray_line
+
+    readable, first_step_at = JobLogLines(jobs.parse_progress, is_ray_line), []
+
+    def on_line(line: str) -> None:
+        if not first_step_at and jobs.parse_progress(line):
+            first_step_at.append(time.time())
+        for text in readable(line):
+            _print_line(text)
+
+    status = jobs.follow(job_client, job_id, on_line)
+    for text in readable.flush():
+        _print_line(text)
+    return status, (first_step_at[0] - submitted_at) if first_step_at else None
+
+
+def _print_line(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _finish(job_client, job_id: str, status: str, json_out: bool, extra: dict) -> None:
@@ -83,7 +111,8 @@ def _job_message(job_client, job_id: str) -> str | None:
         return None
 
 
-def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str], include_ignored: bool):
+def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude: list[str], include_ignored: bool,
+               include: list[str] = ()):
     """The spec, its path inside the working dir, and the plan of what of that directory travels; a relative local
     run.storage is pointed back at the submitting side (not the job's temporary copy) and left behind."""
     from trainlift.config.job import load_job_spec
@@ -101,7 +130,7 @@ def _job_files(spec_file: Path, working_dir: Path, overrides: list[str], exclude
         if storage.is_relative_to(root) and storage != root:
             extra.append(f"/{storage.relative_to(root).as_posix()}/")
         overrides.append(f"run.storage={storage}")
-    return spec, spec_path, workdir.scan(root, list(exclude) + extra, include_ignored)
+    return spec, spec_path, workdir.scan(root, list(exclude) + extra, include_ignored, include)
 
 
 def _show_upload(plan, dry_run: bool, json_out: bool) -> None:
@@ -141,6 +170,8 @@ def submit(
     exclude: List[str] = typer.Option([], "--exclude", help="Extra gitignore-style pattern not to upload."),
     include_ignored: bool = typer.Option(False, "--include-ignored", help="Also upload what git ignores "
                                          "(.gitignore, .git/info/exclude); credential files never travel."),
+    include: List[str] = typer.Option([], "--include", metavar="DIR", help="Also upload this top-level folder that "
+                                      "a job does not need by default: tests, docs, bench or out (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the files that would be uploaded and those left "
                                  "out with the reason, check the spec, and stop before contacting any cluster."),
     cluster: Optional[Path] = typer.Option(
@@ -158,8 +189,8 @@ def submit(
 ) -> None:
     """Submit a job spec to a Ray cluster through the Job Submission API.
 
-    The project directory travels as working_dir (without credential files, .git, virtualenvs, caches, runs and
-    what git ignores; --dry-run lists it) and trainlift itself as a wheel in py_modules. Submitting the same spec
+    The project directory travels as working_dir (without credential files, .git, virtualenvs, caches, runs, the
+    top-level tests/, docs/, bench/ and out/ a job does not need, and what git ignores; --dry-run lists it) and trainlift itself as a wheel in py_modules. Submitting the same spec
     again attaches to its job while that is pending or running; once it has ended (failed, stopped), a new attempt
     `<id>-2`, `<id>-3`, ... resumes from the newest checkpoint. A different spec with the same run name is refused
     while that run has an active job. Exit code: 0 when the job SUCCEEDED, 1 when it FAILED or was STOPPED.
@@ -172,7 +203,7 @@ def submit(
     for requirement in pip:
         refuse_requirement("--pip", requirement)
     overrides = list(set_)
-    spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude, include_ignored)
+    spec, spec_path, plan = _job_files(spec_file, working_dir, overrides, exclude, include_ignored, include)
     _show_upload(plan, dry_run, json_out)
     lock, cluster_spec = None, None
     if cluster is not None:
@@ -310,10 +341,34 @@ def jobs_list(address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
     if json_out:
         print_json(rows)
         return
-    table = Table("id", "status", "entrypoint")
+    _print_jobs(rows)
+
+
+def _print_jobs(rows: list[dict]) -> None:
+    """One row a job, its id whole (it is what `jobs logs` and `jobs stop` take); off a terminal no line is cut to
+    a width, on one the entrypoint column wraps instead of the id."""
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=max((len(row["id"]) for row in rows), default=2))
+    table.add_column("status", no_wrap=True)
+    table.add_column("entrypoint")
     for row in rows:
         table.add_row(row["id"], row["status"], row["entrypoint"])
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+        return
+    saved = console.width
+    console.width = _wide(table)  # a pipe or a file has no width to keep to
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
+
+
+def _wide(table: Table) -> int:
+    """The width a table needs to print every cell on one line."""
+    from rich.console import Console
+
+    return Console(width=100_000).measure(table).maximum
 
 
 @jobs_app.command("status")
@@ -365,22 +420,46 @@ def _rayjob_status(kubeconfig: Path, namespace: str, name: str, json_out: bool) 
 
 
 @jobs_app.command("logs")
-def jobs_logs(job_id: str, address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
+def jobs_logs(job_id: str = typer.Argument(..., help="The job's submission id, or any prefix of it that names one job."),
+              address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
               follow: bool = typer.Option(False, "--follow", help="Keep streaming until the job ends."),
-              cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION) -> None:
-    """A job's driver log, byte for byte (for grep and `doctor nccl-log`); with --follow on a terminal, its
-    progress as a bar and every other line as it comes."""
+              raw: bool = typer.Option(False, "--raw", help="The job's log byte for byte, as Ray keeps it (Ray's and "
+                                       "the libraries' lines, the `trainlift-progress {json}` lines): for grep and "
+                                       "`doctor nccl-log`."),
+              cluster: Optional[Path] = CLUSTER_OPTION, cluster_dir: Optional[Path] = DIR_OPTION,
+              json_out: bool = typer.Option(False, "--json", help="The job's id, status, log (byte for byte) and "
+                                            "progress rows as JSON.")) -> None:
+    """A job's log as `trainlift train` prints it off a terminal: its progress lines (step, loss, the latest
+    evaluation, tokens/s, ETA) and trainlift's own lines, without what Ray and the libraries print (--raw, --json
+    have everything). With --follow on a terminal, its progress as a bar and every other line as it comes."""
+    from trainlift.cli.progress import JobLogLines
     from trainlift.ops import jobs
+    from trainlift.ops.ray_output import is_ray_line
 
     with _cluster_head(cluster, cluster_dir, address) as head:
         job_client = jobs.client(jobs.resolve_address(head))
-        if not follow:
-            sys.stdout.write(job_client.get_job_logs(job_id))
+        job_id = jobs.job_with_prefix(job_client, job_id)
+        if json_out:
+            log = job_client.get_job_logs(job_id)
+            rows = [row for row in map(jobs.parse_progress, log.splitlines()) if row is not None]
+            print_json({"submission_id": job_id, "status": str(job_client.get_job_status(job_id).value),
+                        "log": log, "progress": rows})
             return
-        if console.is_terminal:
+        if not follow:
+            log = job_client.get_job_logs(job_id)
+            if raw:
+                sys.stdout.write(log)
+                return
+            readable = JobLogLines(jobs.parse_progress, is_ray_line)
+            for line in [*(text for line in log.splitlines() for text in readable(line)), *readable.flush()]:
+                _print_line(line)
+            return
+        if raw:
+            status = jobs.follow(job_client, job_id, lambda line: sys.stdout.write(line + "\n"))
+        elif console.is_terminal:
             status, _ = _follow(job_client, job_id, None, False, time.time(), verbose=True)
         else:
-            status = jobs.follow(job_client, job_id, lambda line: sys.stdout.write(line + "\n"))
+            status, _ = _follow_lines(job_client, job_id, time.time())
     raise typer.Exit(0 if status == "SUCCEEDED" else 1)
 
 

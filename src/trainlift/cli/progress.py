@@ -9,6 +9,7 @@ line per progress post.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Callable, TextIO
@@ -20,6 +21,10 @@ REWARD_KEYS = ("rewards/accuracy", "rewards/margin")  # a DPO step's; in its jso
 # The latest evaluation, carried by the steps after it (a DPO run's eval rewards too); likewise only when present.
 EVAL_KEYS = ("eval_step", "eval_loss", "eval_rewards/accuracy", "eval_rewards/margin")
 MODES = ("auto", "json", "lines")
+OWN_PREFIX = "trainlift:"  # what the recipe's workers print for the user (ops/ray_output.OWN_PREFIX)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A library's progress bar as it lands in a log ("Writing model shards: 100%|██████| 1/1 [00:00<00:00, 5.1it/s]").
+_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+|\r")
 
 
 def duration(seconds: float) -> str:
@@ -111,7 +116,7 @@ class ProgressLines:
     def __init__(self, mode: str, every_s: float, out: TextIO = sys.stderr,
                  clock: Callable[[], float] = time.monotonic):
         self.mode, self.every_s, self.out, self.clock = mode, every_s, out, clock
-        self.last_step: int | None = None
+        self.last_step: tuple | None = None  # (step, eval_step): a step posted again with its evaluation prints again
         self.last_start: tuple | None = None
         self.next_line_at = 0.0
         self.eta = Eta(clock)
@@ -125,9 +130,9 @@ class ProgressLines:
             self.eta.restarted(row["step"])
             if self.mode != "json":
                 self._print(start_line(row))
-        if event != "step" or row["step"] == self.last_step:
+        if event != "step" or (row["step"], row.get("eval_step")) == self.last_step:
             return
-        self.last_step = row["step"]
+        self.last_step = (row["step"], row.get("eval_step"))
         if self.mode == "json":
             figures = {**{k: row.get(k) for k in PROGRESS_KEYS},
                        **{k: row[k] for k in REWARD_KEYS + EVAL_KEYS if k in row}}
@@ -142,3 +147,57 @@ class ProgressLines:
 
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
+
+
+class JobLogLines:
+    """A submitted job's log as a person reads it: the lines `trainlift train` prints without a terminal. Each
+    `trainlift-progress {json}` line becomes a step line (every STRIDE-th of the run's steps, each new evaluation,
+    the last step; ETA from the step time), trainlift's own lines stay (a worker's `trainlift: …` without Ray's
+    prefix), and what Ray and the libraries print (the autoscaler, the raylet, Ray's log records, the workers'
+    other lines, progress bars) is left out: `jobs logs --raw` has the log byte for byte."""
+
+    LINES_PER_RUN = 20
+
+    def __init__(self, parse: Callable[[str], dict | None], is_ray_line: Callable[[str], bool]):
+        self.parse, self.is_ray_line = parse, is_ray_line
+        self.last: dict | None = None  # the latest progress row, printed or not
+        self.printed: tuple | None = None  # (step, eval_step) of the last printed row
+
+    def __call__(self, line: str) -> list[str]:
+        """What to print for one line of the log (often nothing)."""
+        row = self.parse(line)
+        if row is not None:
+            return self._progress(row)
+        text = _ANSI.sub("", line).rstrip()
+        if not text.strip() or _BAR.search(text):
+            return []
+        if self.is_ray_line(text):
+            own = text.split(") ", 1)[1] if ") " in text else ""
+            return [own] if own.startswith(OWN_PREFIX) else []
+        return [text]
+
+    def flush(self) -> list[str]:
+        """The last progress row, if it was not printed (a log that ends mid-run)."""
+        return self._line(self.last) if self.last is not None and self._key(self.last) != self.printed else []
+
+    def _progress(self, row: dict) -> list[str]:
+        if row.get("step") is None or row.get("loss") is None:
+            return []
+        previous, self.last = self.last, row
+        total = row.get("total_steps") or 0
+        stride = max(1, total // self.LINES_PER_RUN)
+        new_eval = previous is not None and row.get("eval_step") != previous.get("eval_step")
+        crossed = previous is None or row["step"] // stride != previous["step"] // stride
+        if self._key(row) == self.printed or not (crossed or new_eval or row["step"] == total):
+            return []
+        return self._line(row)
+
+    def _line(self, row: dict) -> list[str]:
+        self.printed = self._key(row)
+        total, step_time = row.get("total_steps"), row.get("step_time_s")
+        eta = (total - row["step"]) * step_time if total and step_time and row["step"] < total else None
+        return [human_line({"tokens_per_s": 0.0, **{k: v for k, v in row.items() if v is not None}}, eta)]
+
+    @staticmethod
+    def _key(row: dict) -> tuple:
+        return row.get("step"), row.get("eval_step")

@@ -36,13 +36,16 @@ def rehearse(
     names (AWS_ENDPOINT_URL), so code, trainlift, data and checkpoints travel as on EKS; on a moto_server, every
     S3 request the job and its Ray make is recorded and judged against the pods' role with IAM's rules. With the image's
     environment, a package the job imports that the image lacks, or a Ray or transformers API that differs in the
-    image's releases, fails here as it would on the cluster. Exit 1 when a check fails.
+    image's releases, fails here as it would on the cluster. The rehearsal trains a run of its own,
+    <run.storage>/<run.name>-rehearsal, never the job's (printed as "rehearsal run", with its steps and loss).
+    Exit 1 when a check fails.
     """
     from trainlift.ops import rehearse as rehearsal_ops
 
     echo = (lambda line: None) if json_out else (lambda line: err_console.print(Text(line, style="dim")))
     plan = rehearsal_ops.rehearsal_of(out_dir)
     rehearsal_ops.preflight(plan)
+    plan = rehearsal_ops.own_run(plan, list(set_))
     env = _image_env(plan.image, image, echo)
     outcome = rehearsal_ops.run(plan, list(set_), timeout, echo=echo, bin_dir=env.bin_dir if env else None)
     where = _where(env)
@@ -56,6 +59,7 @@ def rehearse(
             table.add_row(Text(check), Text(state, style=STATE_STYLE[state]), Text(evidence))
         console.print(table)
         console.print(Text("rehearsed as: " + " ".join(f"--set {o}" for o in outcome.rehearsed_as)))
+        console.print(Text(outcome.run["line"]))
         console.print(Text("rehearsed in: " + where["summary"]))
         console.print(Text("not proven here: " + "; ".join(rehearsal_ops.NOT_PROVEN)))
     if not outcome.ok:
@@ -74,7 +78,8 @@ def _image_env(image: str, wanted: Optional[bool], echo: Callable[[str], None]):
     if lock is None:
         if wanted:
             raise UsageError(f"--image: trainlift knows no package lock for {image}",
-                             hint="rehearse with --no-image, or render with a catalog image (trainlift profiles)")
+                             hint="rehearse with --no-image, or render with a catalog image (the `images` of "
+                                  "src/trainlift/catalog/platform.yaml, e.g. the cluster spec's default)")
         echo(f"no package lock known for {image}: rehearsing in this environment")
         return None
     env = image_env.ensure(lock, echo)

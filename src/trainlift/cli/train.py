@@ -87,13 +87,28 @@ def _print_summary(summary: dict, json_out: bool) -> None:
     """The summary (a table, or JSON), with what a finished run's rerun or a stopped run's next step is."""
     if summary.get("already_finished") and not json_out:
         err_console.print(f"run {summary['name']} already finished at step {summary['steps']} "
-                          f"({summary['run']}); nothing to train. Ask for more with --steps N, or remove "
-                          f"{summary['run']} to start over.")
+                          f"({summary['run']}); nothing to train. Ask for more with --steps N (the LR then stays "
+                          "at its final value; --set train.schedule_extension=restart or stretch to change that), "
+                          f"or remove {summary['run']} to start over.")
+    if not summary.get("finished") and summary.get("eval_loss") is None and summary.get("run"):
+        summary = _with_recorded_eval(summary)
     _summary_table(summary, json_out)
     if not summary.get("finished"):
         why = f"{summary['stopped_by']} received" if summary.get("stopped_by") else "--stop-at-step reached"
         err_console.print(f"stopped at step {summary['steps']} ({why}); a checkpoint was saved; resume with: "
                           f"{resume_command(sys.argv)}", markup=False, highlight=False)
+
+
+def _with_recorded_eval(summary: dict) -> dict:
+    """A stopped run's summary with the last evaluation its metrics.jsonl holds (report.with_recorded_eval)."""
+    from trainlift.errors import TrainliftError
+    from trainlift.report import with_recorded_eval
+    from trainlift.rundir import read_run
+
+    try:
+        return with_recorded_eval(summary, read_run(summary["run"]).rows)
+    except (OSError, TrainliftError, AttributeError):
+        return summary
 
 
 def resume_command(argv: list[str]) -> str:
@@ -265,6 +280,9 @@ def eval_(
     for s in report["samples"][:show]:
         table.add_row(s["prompt"], s["expected"], s["answer"], "✓" if s["correct"] else "✗")
     console.print(table)
+    if report.get("by_task"):  # the data's rows carry a task (or category) field
+        console.print("by task: " + ", ".join(f"{task} {t['correct']}/{t['total']} ({t['accuracy']:.0%})"
+                                              for task, t in report["by_task"].items()), markup=False, highlight=False)
 
 
 def _print_preferences(report: dict, show: int, json_out: bool) -> None:

@@ -115,6 +115,11 @@ class TrainSection(_Section):
     lr: float = Field(3e-4, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(10, ge=0)
+    schedule_extension: Literal["constant", "restart", "stretch"] = Field(
+        "constant", description="A run resumed with other train.steps than its schedule was planned for (a finished "
+        "run trained on): constant: the planned schedule runs to its end, then the LR stays at its final value; "
+        "restart: a new warmup and cosine over the steps left; stretch: the cosine recomputed over the new total "
+        "(the LR jumps back up). Said before it trains.")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     eval_every: int = Field(0, ge=0, description="Steps between evaluations; 0: only at the end.")
@@ -235,8 +240,9 @@ class RunSection(_Section):
 
 class RuntimeSection(_Section):
     pip: list[str] = Field(
-        [], description="Extra pip requirements for the job's nodes (e.g. [liger-kernel==0.6.4]); on a cluster they "
-        "travel in the job's runtime_env with the packages the spec's features need beyond the image.")
+        [], description="Extra pip requirements for the job's nodes, each pinned with its files' sha256 (e.g. "
+        "['liger-kernel==0.6.4 --hash=sha256:…']); on a cluster they travel in the job's runtime_env with the "
+        "packages the spec's features need beyond the image, installed by pip in hash-checking mode.")
 
     @field_validator("pip")
     @classmethod
@@ -338,6 +344,11 @@ def validate_job_spec(raw: dict[str, Any], source: str = "spec", overrides: Sequ
         raise SpecError(f"{source}: {problem}", hint="fix the spec file or pass --set KEY=VALUE") from None
 
 
+def not_a_hub_id(value: str) -> bool:
+    """A hub id is `name` or `owner/name`: `./x`, `../x`, `~/x` and `a/b/c` can only be local paths."""
+    return value.startswith((".", "/", "~")) or value.count("/") > 1
+
+
 def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
     """The spec file's relative local paths made relative to its directory (the spec reads the same from any
     directory): data sources (the `source` of each mapping too; hf:// and s3:// are no paths) and run.storage
@@ -350,7 +361,7 @@ def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
 
     def under_if_there(value: Any) -> Any:
         moved = under(value)
-        return moved if moved is not value and Path(moved).exists() else value
+        return moved if moved is not value and (Path(moved).exists() or not_a_hub_id(value)) else value
 
     def sources_under(value: Any) -> Any:  # a location, a {source: ...} mapping, or a list of them
         if isinstance(value, list):

@@ -152,9 +152,29 @@ def entrypoint(spec_path: str, overrides: list[str]) -> str:
 
 def runtime_env(working_dir: Path, excludes: list[str], pip: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
     """The project directory as working_dir and this trainlift as a wheel in py_modules, both uploaded by Ray;
-    the job's `trainlift train` prints machine-readable progress lines for `submit --follow`."""
+    the job's `trainlift train` prints machine-readable progress lines for `submit --follow` and `jobs logs`, and
+    no library progress bars (the user's --env wins)."""
     wheel = package.build_wheel(package.default_dir())
-    return job_runtime_env(str(working_dir), [str(wheel)], excludes, pip, {PROGRESS_ENV: "json", **env_vars})
+    return job_runtime_env(str(working_dir), [str(wheel)], excludes, pip,
+                           {PROGRESS_ENV: "json", **env_vars})
+
+
+def job_with_prefix(job_client, prefix: str) -> str:
+    """The submission id `prefix` names: itself when a job has that id, else the one job whose id starts with it
+    (an id cut short by a narrow table still works). None or several: one line saying so."""
+    ids = sorted({info.submission_id or info.job_id for info in job_client.list_jobs()} - {None})
+    return matching_job(ids, prefix)
+
+
+def matching_job(ids: list[str], prefix: str) -> str:
+    if prefix in ids:
+        return prefix
+    found = [job_id for job_id in ids if job_id.startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"no job {prefix!r} on this cluster", hint="trainlift jobs list shows the jobs' ids")
+    raise UsageError(f"{prefix!r} names {len(found)} jobs: {', '.join(found)}", hint="give more of the id")
 
 
 def refuse_if_run_active(job_client, run_name: str) -> None:

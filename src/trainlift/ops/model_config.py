@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from trainlift.errors import SpecError
+from trainlift.hub_fetch import hub_offline_reason
+
+OFFLINE_HINT = ("offline, give estimate the model's config.json: --model-config PATH (the repository's "
+                "examples/model-configs/ has the examples' models)")
 
 
 def _from_dict(config: dict[str, Any], tokenizer: str | None):
@@ -56,10 +60,12 @@ def read_model_config(model_spec):
         try:
             return AutoConfig.from_pretrained(path, local_files_only=True)
         except OSError:
+            if (offline := hub_offline_reason()) is not None:
+                raise SpecError(f"model.path {path}: its config.json is not in the hub cache and the hub cannot be "
+                                f"asked ({offline})", hint=OFFLINE_HINT) from None
             print(f"{path}: config.json is not in the hub cache; asking the hub", file=sys.stderr)
             return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise SpecError(f"model.path {path}: cannot read its config.json ({str(exc).splitlines()[0]})",
-                        hint="offline, give estimate the model's config.json: --model-config PATH (the "
-                        "repository's examples/model-configs/ has the examples' models); else check the path or hub "
-                        f"id, or download it first (huggingface-cli download {path} config.json)") from None
+                        hint=f"{OFFLINE_HINT}; else check the path or hub id, or download it first "
+                        f"(huggingface-cli download {path} config.json)") from None

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from trainlift.errors import UsageError
+from trainlift.ops.rehearse_run import RehearsalRun, entrypoint_spec, job_run, run_line, spec_from_zip
 from trainlift.ops.rehearse_s3 import RoleVerdict, Tape, policy_partition, recording, role_verdict, s3_endpoint
 from trainlift.render import admission
 from trainlift.render.iam_eval import PolicyError, evaluate, make_request
@@ -76,6 +77,8 @@ class Rehearsal:
     rehearsed_as: tuple[str, ...] = ()  # `--set` overrides the job gets because its GPUs are CPU slots here
     image: str = ""  # what the pods run
     queue: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # Kueue on paper: (admitted lines, problems)
+    job_name: str = ""  # the RayJob's metadata.name (made from the job's run.name)
+    run: RehearsalRun | None = None  # where the rehearsal's own run goes (`own_run`)
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -118,6 +121,7 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
     workers = tuple(_pod_group(g["groupName"], int(g.get("replicas", 1)), g) for g in cluster["workerGroupSpecs"])
     gpu_pods = any(str(g.get("rayStartParams", {}).get("num-gpus", "0")) != "0" for g in cluster["workerGroupSpecs"])
     runtime_env = yaml.safe_load(job.get("runtimeEnvYAML") or "{}") or {}
+    job_name = _read_yaml(out_dir / "k8s" / "30-rayjob.yaml", "RayJob")["metadata"].get("name", "job")
     uses = [("runtime_env.working_dir", runtime_env.get("working_dir", ""), False)]
     uses += [("runtime_env.py_modules", m, False) for m in runtime_env.get("py_modules", [])]
     if storage := re.search(r"--set[ =]run\.storage=(\S+)", job["entrypoint"]):
@@ -127,7 +131,14 @@ def rehearsal_of(out_dir: Path) -> Rehearsal:
                      tuple(u for u in uses if str(u[1]).startswith("s3://")), _policy(eksctl, account),
                      ON_CPU_SLOTS if gpu_pods else (),
                      cluster["headGroupSpec"]["template"]["spec"]["containers"][0].get("image", ""),
-                     _queue_on_paper(out_dir))
+                     _queue_on_paper(out_dir), job_name, _run_before_reading_the_spec(job["entrypoint"], job_name))
+
+
+def _run_before_reading_the_spec(entrypoint: str, job_name: str) -> RehearsalRun:
+    """The rehearsal's run as far as the manifests tell (the entrypoint's `--set`, the RayJob's name); `own_run`
+    reads the job spec for the rest."""
+    found = entrypoint_spec(entrypoint)
+    return job_run(None, found[1] if found else [], [], job_name)
 
 
 def _queue_on_paper(out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -178,8 +189,45 @@ def role_problems(rehearsal: Rehearsal) -> list[str]:
 
 
 def rehearsed_as(rehearsal: Rehearsal, workers: int) -> tuple[str, ...]:
-    """What the rehearsal sets on the job before the user's overrides: one worker per worker pod, on CPU slots."""
-    return (f"scaling.workers={workers}", *rehearsal.rehearsed_as)
+    """What the rehearsal sets on the job before the user's overrides: one worker per worker pod, on CPU slots, and
+    a run of its own."""
+    own = (f"run.name={rehearsal.run.name}",) if rehearsal.run is not None and not rehearsal.run.chosen else ()
+    return (f"scaling.workers={workers}", *rehearsal.rehearsed_as, *own)
+
+
+def own_run(rehearsal: Rehearsal, overrides: list[str]) -> Rehearsal:
+    """The rehearsal with its own run: the job's spec is read from its working_dir (S3) for the run's name and
+    storage. Call after `preflight` (the working_dir is known to be there)."""
+    from dataclasses import replace
+
+    found = entrypoint_spec(rehearsal.entrypoint)
+    if found is None:
+        return rehearsal
+    spec_path, entry_overrides = found
+    working_dir = str(rehearsal.runtime_env.get("working_dir", ""))
+    spec_text = None
+    if working_dir.startswith("s3://"):
+        s3, _ = _s3_client(working_dir)
+        bucket, key = split_s3(working_dir)
+        try:
+            spec_text = spec_from_zip(s3.get_object(Bucket=bucket, Key=key)["Body"].read(), spec_path)
+        except Exception:  # noqa: BLE001 - the run is then named from the RayJob; the job itself reports the rest
+            spec_text = None
+    return replace(rehearsal, run=job_run(spec_text, entry_overrides, overrides, rehearsal.job_name))
+
+
+def run_summary(run: RehearsalRun | None) -> dict[str, Any]:
+    """The rehearsal run's summary.json (steps, loss, eval loss) from S3; {} when it cannot be read."""
+    if run is None or not run.storage.startswith("s3://"):
+        return {}
+    import json
+
+    try:
+        s3, _ = _s3_client(run.uri)
+        bucket, key = split_s3(f"{run.uri}/summary.json")
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except Exception:  # noqa: BLE001 - the job's log and checks say what went wrong
+        return {}
 
 
 def job_entrypoint(rehearsal: Rehearsal, overrides: list[str], workers: int) -> str:
@@ -310,6 +358,7 @@ class Outcome:
     checks: list[tuple[str, str, str]]  # (what, ok | failed, evidence)
     rehearsed_as: tuple[str, ...] = ()  # the `--set` the rehearsal put before the user's (`rehearsed_as()`)
     s3_requests: dict[str, Any] = field(default_factory=dict)  # rehearse_s3.RoleVerdict.report
+    run: dict[str, Any] = field(default_factory=dict)  # {"uri", "line", and the run's summary figures}
 
     @property
     def ok(self) -> bool:
@@ -318,7 +367,7 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "ok": self.ok, "message": self.message,
                 "checks": [{"check": c, "state": s, "evidence": e} for c, s, e in self.checks],
-                "rehearsed_as": list(self.rehearsed_as), "s3_requests": self.s3_requests,
+                "rehearsed_as": list(self.rehearsed_as), "s3_requests": self.s3_requests, "run": self.run,
                 "not_proven": list(NOT_PROVEN)}
 
 
@@ -341,11 +390,16 @@ def run(rehearsal: Rehearsal, overrides: list[str], timeout_s: float = 900.0,
     pods = sum(g.replicas for g in rehearsal.workers)
     settings = rehearsed_as(rehearsal, pods)
     echo("rehearsed as: " + " ".join(f"--set {o}" for o in settings) + (" (then yours)" if overrides else ""))
+    echo(run_line(rehearsal.run, {}))
     with LocalCluster(rehearsal, echo, bin_dir) as cluster, recording(s3_endpoint()) as tape:
         status, logs, message = cluster.submit_and_wait(job_entrypoint(rehearsal, overrides, pods),
                                                         rehearsal.runtime_env, timeout_s)
     verdict = role_verdict(rehearsal.s3_policy, tape, len(rehearsal.s3_uses))
-    return Outcome(status, logs, message, judge(rehearsal, status, logs, message, verdict), settings, verdict.report)
+    summary = run_summary(rehearsal.run)
+    run = {"uri": rehearsal.run.uri if rehearsal.run else None, "line": run_line(rehearsal.run, summary),
+           **{k: summary.get(k) for k in ("steps", "final_loss", "eval_loss", "finished")}}
+    return Outcome(status, logs, message, judge(rehearsal, status, logs, message, verdict), settings, verdict.report,
+                   run)
 
 
 def judge(rehearsal: Rehearsal, status: str, logs: str, message: str,

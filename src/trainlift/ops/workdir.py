@@ -1,7 +1,8 @@
 """What of a project directory travels to the cluster as the job's `working_dir`, and what stays behind and why.
 
-Left out: credential files (always), version control, virtualenvs, caches, run directories and --exclude
-patterns, what git ignores (.gitignore files, .git/info/exclude, the global excludes file) unless the user
+Left out: credential files (always), version control, virtualenvs, caches, run directories, what a job does not
+need (the project's top-level tests/, docs/, bench/ and render output out/: `submit --include DIR` sends one), and
+--exclude patterns, what git ignores (.gitignore files, .git/info/exclude, the global excludes file) unless the user
 includes it, and what .rayignore files name. The size is computed before upload so an oversized directory fails
 here, naming its largest files, instead of as "Request Entity Too Large" later.
 
@@ -43,7 +44,11 @@ CREDENTIAL_LIKE = [
     "*.tfvars.json", ".databrickscfg", "rclone.conf", "sa-key.json", "*-sa-key.json", "service-account*.json",
     ".htpasswd", ".vault-token", "*.keytab",
 ]
+# Top-level folders of a project that a training job does not read: its tests, documentation, benchmarks and the
+# manifests `trainlift render -o out/` writes. Anchored: a data/docs/ folder of the project's data still travels.
+NOT_FOR_THE_JOB = ["/tests/", "/docs/", "/bench/", "/out/"]
 CREDENTIAL = "credential file"
+NOT_NEEDED = "not needed by the job"
 BROKEN_LINK = "broken link (Ray skips it)"
 GITIGNORED = "gitignored"
 RAYIGNORED = "rayignored (.rayignore)"
@@ -94,9 +99,10 @@ class _Rules:
     """Why a path stays behind, first rule first: credential, default or --exclude pattern, ignored by git, named
     by a .rayignore. Ignore files apply below their own directory, as Ray applies them."""
 
-    def __init__(self, root: Path, patterns: list[str], include_ignored: bool):
-        self.root, self.patterns = root, patterns
+    def __init__(self, root: Path, patterns: list[str], include_ignored: bool, not_needed: list[str]):
+        self.root, self.patterns = root, patterns + not_needed
         self.specs = ((CREDENTIAL, pathspec.GitIgnoreSpec.from_lines(CREDENTIAL_LIKE), CREDENTIAL_LIKE),
+                      (NOT_NEEDED, pathspec.GitIgnoreSpec.from_lines(not_needed), not_needed),
                       ("excluded", pathspec.GitIgnoreSpec.from_lines(patterns), patterns))
         self.ignore_names = ((".rayignore", RAYIGNORED),) if include_ignored else \
             ((".gitignore", GITIGNORED), (".rayignore", RAYIGNORED))
@@ -151,11 +157,15 @@ class _Rules:
         return (f"{CREDENTIAL} (link to {inner}: {CREDENTIAL_LIKE[hit.index]})", False) if hit.include else None
 
 
-def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: bool = False) -> WorkdirPlan:
+def scan(root: str | Path, extra_excludes: Sequence[str] = (), include_ignored: bool = False,
+         include: Sequence[str] = ()) -> WorkdirPlan:
     """Walk `root` with the rules Ray's upload applies; `excludes` is the runtime_env list that makes Ray leave out
-    the same paths. `include_ignored`: what git ignores travels too (credential files never do)."""
+    the same paths. `include_ignored`: what git ignores travels too (credential files never do). `include`: folders
+    of NOT_FOR_THE_JOB that travel all the same (`tests`, `docs/`, ...)."""
     root = Path(root).resolve()
-    rules = _Rules(root, ALWAYS_EXCLUDED + list(extra_excludes), include_ignored)
+    wanted = {f"/{name.strip('/')}/" for name in include}
+    rules = _Rules(root, ALWAYS_EXCLUDED + list(extra_excludes), include_ignored,
+                   [p for p in NOT_FOR_THE_JOB if p not in wanted])
     plan = WorkdirPlan(root=root, include_ignored=include_ignored)
     only_git_knows = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # as Ray's packaging walks
@@ -207,9 +217,32 @@ def describe(plan: WorkdirPlan, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> dict:
 
 
 def listing(plan: WorkdirPlan) -> list[str]:
-    """`submit --dry-run`: the same, as lines."""
-    width = max((len(path) for path, _ in plan.files + plan.left_out), default=0)
+    """`submit --dry-run`: the same in a few lines: what travels counted per top-level folder (a file at the top
+    named), what stays behind per top-level folder and reason (a credential file always named; `--json` lists
+    every file)."""
+    sent: dict[str, list[int]] = {}
+    for path, size in plan.files:
+        sent.setdefault(_top(path), []).append(size)
+    kept_back: dict[tuple[str, str], int] = {}
+    for path, why in plan.left_out:
+        key = (path, why) if why.startswith(CREDENTIAL) or "/" not in path.rstrip("/") else (_top(path), why)
+        kept_back[key] = kept_back.get(key, 0) + 1
+    width = max((len(name) for name in [*sent, *(path for path, _ in kept_back)]), default=0)
     lines = [f"would upload {len(plan.files)} files ({plan.total_bytes / 2**20:.1f} MiB) from {plan.root}:"]
-    lines += [f"  {path:<{width}}  {size:,} bytes" for path, size in plan.files]
-    lines += [f"left out ({len(plan.left_out)}):"] + [f"  {path:<{width}}  {why}" for path, why in plan.left_out]
+    lines += [f"  {name:<{width}}  {_count(sizes)}" for name, sizes in sorted(sent.items())]
+    lines += [f"left out ({len(plan.left_out)}):"]
+    lines += [f"  {path:<{width}}  {why}" + (f" ({n} paths)" if n > 1 else "")
+              for (path, why), n in sorted(kept_back.items())]
     return lines
+
+
+def _top(path: str) -> str:
+    """A path's top-level folder (`examples/`), or the path itself for a file at the top."""
+    head, sep, _ = path.partition("/")
+    return head + "/" if sep else path
+
+
+def _count(sizes: list[int]) -> str:
+    total = sum(sizes)
+    amount = f"{total / 2**20:.1f} MiB" if total >= 2**20 else f"{total:,} bytes"
+    return amount if len(sizes) == 1 else f"{len(sizes)} files, {amount}"

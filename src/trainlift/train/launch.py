@@ -27,7 +27,7 @@ from trainlift.errors import TrainliftError, UsageError
 from trainlift.ops import localray, ray_output
 from trainlift.train.data import cache as datacache
 from trainlift.train.data import source as datasource
-from trainlift.train.run import board as progress, failures, metrics, preflight, spec_record, trackers
+from trainlift.train.run import board as progress, checkpoint, failures, metrics, preflight, spec_record, trackers
 
 EXIT_STOPPED = 3  # the run stopped at a checkpoint before its last step; rerun to resume
 RAY_CHECKPOINT_LIST = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of reported checkpoints
@@ -128,6 +128,23 @@ def finished_summary(spec: JobSpec) -> dict[str, Any] | None:
         return None
     done = isinstance(summary, dict) and summary.get("finished") and (summary.get("steps") or 0) >= spec.train.steps
     return summary if done else None
+
+
+def schedule_note(spec: JobSpec, latest: int) -> str | None:
+    """What resuming at checkpoint `latest` does to the LR schedule, when train.steps is not what it was planned
+    for (from the schedule the checkpoint's scheduler state holds)."""
+    from trainlift.train.run import schedule
+
+    fs, path = rundir.open_uri(spec.run_uri)
+    try:
+        with fs.open_input_stream(f"{path}/{checkpoint.dir_name(latest)}/{checkpoint.TRAINER_STATE}") as src:
+            lambdas = json.loads(src.read()).get("scheduler", {}).get("lr_lambdas") or [None]
+    except (OSError, ValueError, AttributeError):
+        return None
+    planned = schedule.from_state(lambdas[0])
+    train = spec.train
+    return None if planned is None else schedule.extension_note(
+        spec.run.name, planned, train.steps, latest, train.schedule_extension, train.warmup_steps, train.lr)
 
 
 def has_trained(spec: JobSpec) -> bool:
@@ -258,6 +275,8 @@ def run_training(
         safe_load.check_latest_metadata(*rundir.open_uri(spec.run_uri), latest)
     if changes and on_update is not None:
         on_update({"event": "note", "text": f"run {spec.run.name} goes on with a changed spec: {'; '.join(changes)}"})
+    if latest is not None and on_update is not None and (note := schedule_note(spec, latest)) is not None:
+        on_update({"event": "note", "text": note})
     log_path = ray_output.run_log_path(spec.run_uri, spec.run.name)
     with driver_record(spec, fields) as taken_over, ray_output.RunOutput(log_path, verbose) as output:
         if taken_over and on_update is not None:
@@ -279,7 +298,8 @@ def driver_record(spec: JobSpec, training_fields: dict[str, Any] | None = None):
     except run_lease.RunHeld as held:
         raise held_error(spec, held.holder) from None
     if training_fields is not None:
-        spec_record.write(spec, training_fields)
+        prepare_model(spec)  # first, so that the record holds what a model built from model.config is
+        spec_record.write(spec, spec_record.with_built_model(spec, training_fields))
     try:
         yield None if replaced is None else (
             f"run {spec.run.name}: its last driver (pid {replaced.get('pid')} on {replaced.get('host')}) is gone "

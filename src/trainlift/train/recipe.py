@@ -12,7 +12,6 @@ Ray is imported only inside the functions that talk to it: building, stepping an
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -31,16 +30,7 @@ from trainlift.train.run.device import all_reduce_sum, to_device
 from trainlift.train.run.reference import reference_logps, without_dropout
 from trainlift.train.run.saving import Saver
 from trainlift.train.run.runlog import RunLog
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
+from trainlift.train.run.schedule import lr_lambda
 
 
 def micro_batches_per_step(spec: JobSpec, world: int) -> int:
@@ -159,6 +149,16 @@ def resume(fs, run_path: str, latest: tuple[int, str] | None, model, optimizer, 
         return 0, 0, None
     step, cursor = checkpoint.load(fs, latest[1], model, optimizer, scheduler, rank)
     return step, cursor, latest[1]
+
+
+def extend_schedule(scheduler, train, step: int) -> None:
+    """The resumed schedule taken to `train.steps` as `train.schedule_extension` says (unchanged when that is its
+    plan), with the optimizer's LR set to the schedule's at `step`."""
+    scheduler.lr_lambdas = [planned.extended(train.steps, train.schedule_extension, step, train.warmup_steps)
+                            for planned in scheduler.lr_lambdas]
+    for group, base, schedule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 class StopRequests:
@@ -345,6 +345,8 @@ def train_loop_per_worker(config: dict) -> None:
              "objective": spec.train.objective}
     optimizer, scheduler = build_optimizer(model, w)
     step, cursor, resumed_from = resume(w.fs, w.run_path, latest, model, optimizer, scheduler, w.rank)
+    if resumed_from is not None:
+        extend_schedule(scheduler, spec.train, step)
     dist.barrier()
     if config.get("nccl_log_prefix") and ray.train.get_context().get_local_world_size() < w.world:  # over the network
         preflight.check_transport(config["nccl_log_prefix"], spec.scaling.expect_fabric)

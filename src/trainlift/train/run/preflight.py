@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
-from trainlift.config.job import JobSpec
+from trainlift.config.job import JobSpec, not_a_hub_id
 from trainlift.doctor.nccl_log import classify_log_text
 from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
@@ -90,6 +90,10 @@ def model_config(spec: JobSpec):
     try:
         return AutoConfig.from_pretrained(spec.model.path)
     except (OSError, ValueError) as exc:
+        if not_a_hub_id(spec.model.path):
+            raise UsageError(f"model.path: no model directory at {os.path.normpath(spec.model.path)}",
+                             hint="train or download the model it names first (a run's export is "
+                                  "<run.storage>/<run.name>/final), or fix the path") from None
         raise UsageError(f"model.path: cannot load a model config from {spec.model.path!r}",
                          hint="give a local model directory, a reachable hub id, or model.config") from exc
 
@@ -97,11 +101,27 @@ def model_config(spec: JobSpec):
 def _config_fields(spec: JobSpec) -> dict[str, Any] | None:
     """The model's config as written (config.json, model.config or the run's newest checkpoint), without
     transformers; None for a hub id."""
+    own = _own_config_fields(spec)
+    return own if own is not None else checkpointed_config_fields(spec)
+
+
+def _own_config_fields(spec: JobSpec) -> dict[str, Any] | None:
+    """The config the spec itself gives (model.path's config.json on this disk, or model.config); None otherwise."""
     if spec.model.path and (Path(spec.model.path) / "config.json").exists():
         return json.loads((Path(spec.model.path) / "config.json").read_text())
     if isinstance(spec.model.config, str):
         return json.loads(Path(spec.model.config).read_text())
-    return spec.model.config if spec.model.config is not None else checkpointed_config_fields(spec)
+    return spec.model.config
+
+
+def stored_model_limit(spec: JobSpec, limit: int) -> UsageError:
+    """seq_len over the positions of the model in the run's stored checkpoint, which this spec does not name
+    otherwise (a hub id): that run may hold another model (a rehearsal's toy, another job under the same name),
+    so the way out is a run of this job's own, not that model's limit."""
+    return UsageError(f"data.seq_len: {spec.data.seq_len} is above the {limit} positions of the model stored in run "
+                      f"{spec.run.name} ({spec.run_uri}), whose checkpoint this job would resume",
+                      hint=f"if {spec.run_uri} is not this job's run, give this job a new run.name (--set "
+                           "run.name=NEW_NAME); to resume that run, keep the data.seq_len it was trained with")
 
 
 def checkpointed_config_fields(spec: JobSpec) -> dict[str, Any] | None:
@@ -136,6 +156,8 @@ def check(spec: JobSpec) -> JobSpec:
         datasource.check_schemas(split.sources)
     limit = max_positions(spec)
     if limit is not None and spec.data.seq_len > limit:
+        if _own_config_fields(spec) is None and checkpointed_config_fields(spec) is not None:
+            raise stored_model_limit(spec, limit)
         raise UsageError(f"data.seq_len: {spec.data.seq_len} is above the model's maximum of {limit} positions",
                          hint=f"--set data.seq_len={limit}")
     from trainlift.train.model import families, kernels

@@ -25,6 +25,7 @@ class RunLog:
         self.timed_hardware_flops = 0.0
         self.held_s: list[float] = []  # per checkpoint, how long it held the loop
         self.last_eval: dict[str, Any] = {}  # the latest evaluation, posted with the steps after it
+        self.last_posted: dict[str, Any] | None = None  # the latest step row on the board
 
     def started(self, step: int, resumed_from: str | None, facts: dict[str, Any]) -> dict:
         row = {"event": "start", "step": step, "total_steps": self.w.spec.train.steps, "resumed_from": resumed_from,
@@ -41,6 +42,10 @@ class RunLog:
         self.sink.write({"step": step, "eval_loss": loss, **figures, "time": time.time()})
         self.last_eval = {"eval_step": step, "eval_loss": loss,
                           **{k: v for k, v in figures.items() if k.startswith("eval_rewards/")}}
+        # An evaluation of the step last posted (the final one comes after the last step): posted again with it,
+        # so the last progress line shows the evaluation the summary has.
+        if self.last_posted is not None and self.last_posted["step"] == step:
+            self.post({**self.last_posted, **self.last_eval})
 
     def stepped(self, step: int, result, lr: float, step_time: float, last: bool) -> None:
         tokens = result.tokens
@@ -57,7 +62,8 @@ class RunLog:
                **(result.metrics or {}), "time": time.time()}
         self.sink.write(row)
         if last or time.monotonic() >= self.post_at:
-            self.post({"event": "step", **row, **self.last_eval, "total_steps": self.w.spec.train.steps})
+            self.last_posted = {"event": "step", **row, **self.last_eval, "total_steps": self.w.spec.train.steps}
+            self.post(self.last_posted)
             self.post_at = time.monotonic() + BOARD_POST_INTERVAL_S
 
     def checkpoint_held(self, step: int, seconds: float) -> None:

@@ -25,14 +25,19 @@ RECORD = "spec.json"
 # The batch's layout (micro-batch, accumulation, workers) may change with the hardware: a checkpoint reshards to
 # another worker count, and the data position is kept in rows, so 4 workers x 2 rows resume as 2 x 4. The attention
 # kernel, activation checkpointing and compiling change how a step is computed, not what it computes.
-RESUMABLE = ("train.steps", "train.eval_every", "train.accum_sync", "train.micro_batch_size", "train.grad_accum",
+RESUMABLE = ("train.steps", "train.schedule_extension", "train.eval_every", "train.accum_sync", "train.micro_batch_size", "train.grad_accum",
              "train.compile", "data.eval", "data.eval_examples",
              "model.attn_implementation", "model.activation_checkpointing", "model.activation_checkpointing_every",
              "model.activation_checkpointing_keeps",
              "scaling.", "parallel.", "checkpoint.", "export.", "run.", "runtime.")
 ALLOW_FLAG = "--allow-spec-change"
 GONE = "gone from this machine"  # a local model path that no longer exists: not compared
-SMALL_FILE_BYTES = 16 << 20  # config, tokenizer and index files are hashed whole; weights by name and size
+TO_BUILD = "to be built from model.config"  # recorded only by a start that died before building it: not compared
+SMALL_FILE_BYTES = 16 << 20  # config, tokenizer and index files are hashed whole
+# Weight files by name, size and these many blocks spread over the file: a fine-tuned export has its base's names
+# and sizes, and its bytes differ everywhere.
+SAMPLED_BLOCKS, SAMPLED_BLOCK_BYTES = 16, 4096
+IDENTITY = "sampled-sha256:"
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -57,17 +62,25 @@ def training_fields(spec: JobSpec, train_data_fingerprint: str) -> dict[str, Any
     fields["data.train"] = f"sha256:{train_data_fingerprint}"
     if spec.train.objective == "sft":  # DPO's fields shape nothing else (and records from before them still match)
         fields = {k: v for k, v in fields.items() if k != "train.objective" and not k.startswith("train.dpo.")}
-    if spec.model.config is not None:  # the model is built from model.config (recorded); model.path is where it is saved
-        fields.pop("model.path", None)
     for field in ("model.path", "model.tokenizer", "model.config"):
         if isinstance(fields.get(field), str):
             fields[field] = local_identity(fields[field])
+    if spec.model.config is not None and fields.get("model.path") == GONE:
+        fields["model.path"] = TO_BUILD  # with_built_model records what it holds once built
     return fields
 
 
+def with_built_model(spec: JobSpec, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with the model that model.config built at model.path recorded as what it holds."""
+    if fields.get("model.path") != TO_BUILD:
+        return fields
+    return {**fields, "model.path": local_identity(spec.model.path)}
+
+
 def local_identity(path: str) -> str:
-    """A local file or model directory as a hash of what it holds (a directory: every file's name and size, and
-    the content of its small files: config, tokenizer, index; not the weights' bytes); anything else as given."""
+    """A local file or model directory as a hash of what it holds (a directory: every file's name and size, the
+    content of its small files: config, tokenizer, index; of a large one, blocks spread over it); anything else
+    as given."""
     local = expand_user(path)
     if "://" in path or not local.is_absolute():
         return path
@@ -77,9 +90,22 @@ def local_identity(path: str) -> str:
     for file in sorted(f for f in (local.iterdir() if local.is_dir() else [local]) if f.is_file()):
         size = file.stat().st_size
         digest.update(f"{file.name}:{size}".encode())
-        if size <= SMALL_FILE_BYTES:
-            digest.update(file.read_bytes())
-    return f"{'directory' if local.is_dir() else 'file'} sha256:{digest.hexdigest()}"
+        with file.open("rb") as src:
+            if size <= SMALL_FILE_BYTES:
+                digest.update(src.read())
+                continue
+            for block in range(SAMPLED_BLOCKS):
+                src.seek((size - SAMPLED_BLOCK_BYTES) * block // (SAMPLED_BLOCKS - 1))
+                digest.update(src.read(SAMPLED_BLOCK_BYTES))
+    return f"{'directory' if local.is_dir() else 'file'} {IDENTITY}{digest.hexdigest()}"
+
+
+def _comparable(old: Any, new: Any) -> bool:
+    """Not a path gone or not built yet, nor an identity taken the way records before sampled weights took it."""
+    if new == GONE or old == TO_BUILD:
+        return False
+    identities = all(isinstance(v, str) and "sha256:" in v for v in (old, new))
+    return not identities or (IDENTITY in old) == (IDENTITY in new)
 
 
 def changed_fields(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -87,11 +113,13 @@ def changed_fields(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
     out = []
     for field in sorted(set(recorded) | set(current)):
         old, new = recorded.get(field), current.get(field)
-        if old == new or new == GONE:
+        if old == new or not _comparable(old, new):
             continue
+        if field == "model.path" and field not in recorded and any(k.startswith("model.config") for k in recorded):
+            continue  # recorded before a model.path that model.config builds was
         if field == "data.train":
             out.append(f"{field} (its rows changed)")
-        elif all(isinstance(v, str) and " sha256:" in v for v in (old, new)):
+        elif all(isinstance(v, str) and "sha256:" in v for v in (old, new)):
             out.append(f"{field} (what it holds changed)")
         else:
             out.append(f"{field} {_show(old)} → {_show(new)}")
