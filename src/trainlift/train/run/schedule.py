@@ -33,9 +33,9 @@ class Schedule:
     """Phases, each {"start", "end", "warmup"}: a warmup and cosine over [start, end), in the order they began; a
     step is in the last phase that started at or before it."""
 
-    def __init__(self, warmup: int, total: int, min_ratio: float):
+    def __init__(self, min_ratio: float, phases: list[dict]):
         self.min_ratio = min_ratio
-        self.phases = [{"start": 0, "end": total, "warmup": warmup}]
+        self.phases = [dict(p) for p in phases]
 
     def __call__(self, step: int) -> float:
         phase = [p for p in self.phases if p["start"] <= step][-1]
@@ -48,8 +48,7 @@ class Schedule:
 
     def extended(self, total: int, how: Extension, at_step: int, warmup: int) -> "Schedule":
         """This schedule for a run resumed at `at_step` to train to `total` steps (itself when that is its plan)."""
-        out = Schedule(0, 0, self.min_ratio)
-        out.phases = [dict(p) for p in self.phases]
+        out = Schedule(self.min_ratio, self.phases)
         if total == self.planned_steps:
             return out
         if how == "stretch":
@@ -61,16 +60,15 @@ class Schedule:
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float) -> Schedule:
-    return Schedule(warmup, total, min_ratio)
+    """The schedule a run plans at its first start: one warmup and cosine over all its steps."""
+    return Schedule(min_ratio, [{"start": 0, "end": total, "warmup": warmup}])
 
 
 def from_state(state: dict | None) -> Schedule | None:
     """The schedule a checkpoint's scheduler state holds (None: written before schedules were saved)."""
     if not isinstance(state, dict) or "phases" not in state:
         return None
-    schedule = Schedule(0, 0, float(state["min_ratio"]))
-    schedule.phases = [dict(p) for p in state["phases"]]
-    return schedule
+    return Schedule(float(state["min_ratio"]), state["phases"])
 
 
 def extension_note(run: str, planned: Schedule, total: int, at_step: int, how: Extension, warmup: int,
