@@ -148,7 +148,9 @@ def test_a_package_the_job_imports_that_the_image_lacks_fails_the_rehearsal_in_o
     rayjob = tmp_path / "out" / "k8s" / "30-rayjob.yaml"
     body = yaml.safe_load(rayjob.read_text())
     env = yaml.safe_load(body["spec"]["runtimeEnvYAML"])
-    assert env.pop("pip") == ["peft==0.21.2"]  # what render adds for model.lora
+    pip = env.pop("pip")  # what render adds for model.lora: peft, hash-checked
+    assert [line.split()[0] for line in pip["packages"]] == ["peft==0.21.2"] and "--require-hashes" in pip[
+        "pip_install_options"]
     body["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
     rayjob.write_text(yaml.safe_dump(body))
     result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
@@ -201,12 +203,13 @@ def test_a_request_the_role_denies_fails_the_rehearsal_naming_the_call_the_key_a
     render(root, tmp_path / "out", wheel_uri)
     _edit_role(tmp_path / "out", lambda statements: statements.append(
         {"Sid": "NoCheckpoints", "Effect": "Deny", "Action": "s3:PutObject",
-         "Resource": f"arn:aws:s3:::{BUCKET}/ray-train/rehearsed/checkpoint_*"}))
+         "Resource": f"arn:aws:s3:::{BUCKET}/ray-train/*/checkpoint_*"}))  # the rehearsal's own run too
     result = cli("rehearse", str(tmp_path / "out"), "--json", cwd=root)
     outcome = json.loads(result.stdout)
     assert result.returncode == 1 and outcome["status"] == "SUCCEEDED"
     [role] = [c for c in outcome["checks"] if c["state"] == "failed"]
     assert role["check"].startswith("the pods' S3 role allows all") and "\n" not in role["evidence"]
-    assert f"needs s3:PutObject on arn:aws:s3:::{BUCKET}/ray-train/rehearsed/checkpoint_0000000" in role["evidence"]
+    assert f"needs s3:PutObject on arn:aws:s3:::{BUCKET}/ray-train/rehearsed-rehearsal/checkpoint_0000000" in role[
+        "evidence"]
     assert "explicitly denied by the role's statement 5 (NoCheckpoints)" in role["evidence"]
-    assert role["evidence"].split(" ")[1].startswith(f"s3://{BUCKET}/ray-train/rehearsed/checkpoint_0000000")
+    assert role["evidence"].split(" ")[1].startswith(f"s3://{BUCKET}/ray-train/rehearsed-rehearsal/checkpoint_0000000")

@@ -153,11 +153,14 @@ def run_cells(config: dict) -> None:
     """Ray Train's loop: every cell of `config["cells"]` on this group, results written by rank 0."""
     import ray.train
 
-    torch._dynamo.config.fail_on_recompile_limit_hit = True  # not a silent fall back to eager in a compiled cell
+    import torch._dynamo as dynamo  # imported here: Ray pickles this function, and dynamo's config does not pickle
+
+    dynamo.config.fail_on_recompile_limit_hit = True  # not a silent fall back to eager in a compiled cell
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     results = []
     for i, cell in enumerate(config["cells"]):
+        dynamo.reset()  # each cell compiles as a fresh run would (Inductor's on-disk cache still serves)
         started = time.perf_counter()
         results.append(run_cell(config["base"], cell, f"{config['root']}/cell{i}", tuple(config["mesh"]), rank, world))
         results[-1]["seconds"] = time.perf_counter() - started

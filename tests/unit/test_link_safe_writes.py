@@ -1,7 +1,7 @@
 """Checkpoint shards, the COMPLETE marker, the export and the adapter reach a local run directory through no link:
 a checkpoint directory (`checkpoint_00000002/`) or a shard in it (`__0_0.distcp`) that another user planted as a
 link pointing outside the run is refused in one line naming it, by the writer itself (the asynchronous upload, the
-synchronous save before Ray Train's upload, the commit, pruning, the HF export), and what it points at is left as
+synchronous save's copy, the commit, pruning, the HF export), and what it points at is left as
 it was. The checkpoints are real DCP saves of a small module; the process group is a one-process gloo group."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_the_asynchronous_upload_of_a_clean_checkpoint_commits_it(tmp_path, sing
 
 
 @pytest.mark.parametrize("name", PLANTED[:2])
-def test_a_synchronous_save_refuses_a_planted_link_before_ray_uploads(tmp_path, name):
+def test_a_synchronous_save_writes_no_shard_through_a_planted_link(tmp_path, name):
     run, outside = tmp_path / "run", victim_dir(tmp_path)
     link = plant(run, name, outside)
     model = torch.nn.Linear(4, 3)

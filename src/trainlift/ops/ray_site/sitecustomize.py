@@ -4,7 +4,8 @@ and `doctor` embed): their environment puts this directory on PYTHONPATH (ops/lo
 Ray makes each directory it creates, and again each time it reuses one (a job's runtime_env resources, its logs),
 world-writable: `ray._common.utils.try_make_directory_shared` chmods it 0777, which no umask undoes. Here that
 function makes the directory 0700 instead, once Ray's module is imported; nothing else is imported or changed, and
-a process that never imports Ray is untouched. Self-contained: it must not import trainlift.
+a process that never imports Ray is untouched. The sitecustomize it hides on the path still runs. Self-contained: it
+must not import trainlift.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
+def run_the_one_shadowed() -> None:
+    """The sitecustomize this one hides (the next on sys.path: the environment's, a profiler's), run as Python would
+    have run it."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 def install() -> None:
     """Patch Ray's module now when it is loaded, else as it is imported."""
     if MODULE in sys.modules:
@@ -57,3 +71,5 @@ def install() -> None:
 
 
 install()
+if __name__ == "sitecustomize":  # at start-up, not when trainlift imports it to patch its own process
+    run_the_one_shadowed()

@@ -90,7 +90,7 @@ def model_config(spec: JobSpec):
     try:
         return AutoConfig.from_pretrained(spec.model.path)
     except (OSError, ValueError) as exc:
-        if not_a_hub_id(spec.model.path):
+        if not_a_hub_id(spec.model.path) and not Path(spec.model.path).expanduser().exists():
             raise UsageError(f"model.path: no model directory at {os.path.normpath(spec.model.path)}",
                              hint="train or download the model it names first (a run's export is "
                                   "<run.storage>/<run.name>/final), or fix the path") from None

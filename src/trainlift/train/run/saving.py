@@ -1,8 +1,8 @@
 """Writing checkpoints: `checkpoint.mode` sync, or async (the default), which holds the loop only while the state
 is copied to host memory.
 
-sync: every rank writes its part to the staging directory, Ray Train uploads it inside `ray.train.report`, a
-barrier, then rank 0 writes COMPLETE. The loop waits for all of it.
+sync: every rank writes its part to the staging directory and copies it to run storage, a barrier, then rank 0
+writes COMPLETE. The loop waits for all of it.
 
 async: `dcp.async_save` copies the state to host memory (the only time the loop waits) and hands it to DCP's
 process-based checkpointer (`AsyncCheckpointerType.PROCESS`: a process per rank, so the write takes neither the
@@ -11,8 +11,10 @@ COMPLETE once every rank's upload has succeeded (a min all-reduce on a gloo grou
 one save is in flight: the next save, a stop and the end of the run wait for it first, and an error in it is
 raised there. A kill during a save leaves no COMPLETE, so the previous checkpoint stays the latest.
 
-Ray Train's `CheckpointUploadMode.ASYNC` does not fit: each rank's upload ends on its own thread and nothing tells
-a rank when all of them have, which is when COMPLETE may be written.
+Neither mode hands the files to Ray Train's upload: it follows links on a local disk (the copy here writes through
+none), and its `CheckpointUploadMode.ASYNC` ends each rank's upload on its own thread, with nothing to tell a rank
+when all of them have, which is when COMPLETE may be written. The recipe resumes from what storage holds
+(`checkpoint.latest_complete`), not from Ray Train's list.
 """
 
 from __future__ import annotations
@@ -72,13 +74,11 @@ class Saver:
         import ray.train
 
         w = self.w
-        if w.rank == 0:  # Ray Train's upload follows links: one planted on a local disk is refused before it starts
-            rundir.refuse_link_dir(f"{w.run_path}/{checkpoint.dir_name(step)}", w.fs)
         with tempfile.TemporaryDirectory(prefix="trainlift-ckpt-", dir=staging_root()) as local_dir:
             checkpoint.write_shard(local_dir, model, optimizer, scheduler, step, cursor, w.rank, w.world)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local_dir),
-                             checkpoint_dir_name=checkpoint.dir_name(step))
-        dist.barrier()  # every rank's upload has finished before the marker goes down
+            rundir.copy_into(local_dir, w.fs, f"{w.run_path}/{checkpoint.dir_name(step)}")  # on a local disk through no link
+        ray.train.report(metrics)
+        dist.barrier()  # every rank's copy has finished before the marker goes down
         if w.rank == 0:
             self._commit(step)
         with self._lock:
