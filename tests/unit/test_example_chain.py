@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainlift.config.job import load_job_spec, relative_to_spec
+from trainlift.config.job import load_job_spec
+from trainlift.config.spec_paths import relative_to_spec
 from trainlift.errors import UsageError
 from trainlift.train.run import preflight
 

@@ -17,6 +17,7 @@ from trainlift.config.data import DataSection
 from trainlift.config.errors import field_path, first_error, unknown_key_suggestion
 from trainlift.errors import SpecError
 from trainlift.config.section import Section as _Section
+from trainlift.config.spec_paths import relative_to_spec
 from trainlift.redact import credential_problem, uri_credentials
 
 
@@ -342,45 +343,6 @@ def validate_job_spec(raw: dict[str, Any], source: str = "spec", overrides: Sequ
             raise SpecError(f"--set {uri_credentials(given[-1])}: {problem}",
                             hint="fix the --set key or value") from None
         raise SpecError(f"{source}: {problem}", hint="fix the spec file or pass --set KEY=VALUE") from None
-
-
-def not_a_hub_id(value: str) -> bool:
-    """A hub id is `name` or `owner/name`: `./x`, `../x`, `~/x` and `a/b/c` can only be local paths."""
-    return value.startswith((".", "/", "~")) or value.count("/") > 1
-
-
-def relative_to_spec(raw: dict[str, Any], spec_dir: Path) -> dict[str, Any]:
-    """The spec file's relative local paths made relative to its directory (the spec reads the same from any
-    directory): data sources (the `source` of each mapping too; hf:// and s3:// are no paths) and run.storage
-    always; model.path, model.tokenizer and a model.config file name when that path exists there (else it is a hub
-    id), model.path also when model.config builds the model there."""
-    def under(value: Any) -> Any:
-        if not isinstance(value, str) or "://" in value or Path(value).expanduser().is_absolute():
-            return value
-        return str(spec_dir / value)
-
-    def under_if_there(value: Any) -> Any:
-        moved = under(value)
-        return moved if moved is not value and (Path(moved).exists() or not_a_hub_id(value)) else value
-
-    def sources_under(value: Any) -> Any:  # a location, a {source: ...} mapping, or a list of them
-        if isinstance(value, list):
-            return [sources_under(entry) for entry in value]
-        if isinstance(value, dict) and "source" in value:
-            return {**value, "source": under(value["source"])}
-        return under(value)
-
-    model, data, run = (raw.get(key) if isinstance(raw.get(key), dict) else {} for key in ("model", "data", "run"))
-    for key in ("train", "eval"):
-        if key in data:
-            data[key] = sources_under(data[key])
-    if "storage" in run:
-        run["storage"] = under(run["storage"])
-    builds_here = isinstance(model.get("config"), dict)
-    for key in ("path", "tokenizer", "config"):
-        if key in model:
-            model[key] = under(model[key]) if key == "path" and builds_here else under_if_there(model[key])
-    return raw
 
 
 def load_job_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
-from trainlift.config.job import JobSpec, not_a_hub_id
+from trainlift.config.job import JobSpec
+from trainlift.config.spec_paths import not_a_hub_id
 from trainlift.doctor.nccl_log import classify_log_text
 from trainlift.doctor.probe import own_nccl_log, probe
 from trainlift.doctor.rules import stack_rules
